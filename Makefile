@@ -1,0 +1,68 @@
+# llm-batch-operator — developer entry points.
+#   make demo   the main job (see README)
+#   make test   lint + verify + the whole test suite (what .ci/run runs)
+# Feature areas add their own targets in hack/mk/*.mk and append to TEST_PREREQS.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+UV_VERSION := 0.13.9
+UV := $(BIN)/uv
+CACHE := $(CURDIR)/.cache
+# Caches shared between clones of the repo on one machine (CI clones afresh each run).
+SHARED_CACHE ?= $(HOME)/.cache/llmbatch
+export PATH := $(CACHE)/bin:$(BIN):$(PATH)
+export LLMBATCH_CACHE := $(SHARED_CACHE)
+
+TEST_PREREQS := venv
+PYTEST_ARGS ?=
+
+-include hack/mk/*.mk
+
+.PHONY: help venv lint fmt verify gen test test-unit demo clean
+help:
+	@echo "make demo      run the main job (README)"
+	@echo "make test      lint, verify and run every test tier"
+	@echo "make lint      ruff, mypy --strict, import-linter"
+	@echo "make verify    fail when generated files (CRDs, chart, schema) drift"
+	@echo "make gen       regenerate CRDs, chart CRD templates and values schema"
+
+venv: $(VENV)/.stamp-base
+$(VENV)/.stamp-base: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
+	$(UV) pip install -q --python $(BIN)/python -e '.[dev]'
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check operator tests hack benchmarks
+	$(BIN)/ruff format --check operator tests hack benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+fmt: venv
+	$(BIN)/ruff format operator tests hack benchmarks
+	$(BIN)/ruff check --fix operator tests hack benchmarks
+
+gen: venv
+	$(BIN)/python hack/gen_crds.py
+
+verify: venv
+	$(BIN)/python hack/gen_crds.py --check
+
+test-unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+test: $(TEST_PREREQS)
+	$(MAKE) lint
+	$(MAKE) verify
+	$(BIN)/pytest tests $(PYTEST_ARGS)
+
+demo: venv
+	$(BIN)/llmbatch validate examples/seed000-requests.jsonl --endpoint /v1/chat/completions
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""CLI subcommands (top layer: may use every other package)."""

@@ -1,0 +1,1 @@
+"""kopf handlers and Kubernetes adapters."""

@@ -1,0 +1,1 @@
+"""A local Kubernetes control plane and a node agent that runs pods as processes."""

@@ -1,0 +1,1 @@
+"""The shard runner and its engines."""

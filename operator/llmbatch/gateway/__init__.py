@@ -1,0 +1,1 @@
+"""FastAPI app: the OpenAI Files / Batches / Models API onto custom resources."""

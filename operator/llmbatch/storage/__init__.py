@@ -1,0 +1,1 @@
+"""Object store: one interface, S3 and filesystem implementations."""
