@@ -1,0 +1,45 @@
+"""Deterministic identifiers: a retry or a restarted executor never mints a new id."""
+
+from __future__ import annotations
+
+import hashlib
+
+_HEX = 32  # 128 bits, as unguessable as a random id once the batch uid is secret
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode("utf-8")
+        h.update(len(data).to_bytes(8, "big"))  # length-prefixed: ("ab","c") != ("a","bc")
+        h.update(data)
+    return h.hexdigest()[:_HEX]
+
+
+def batch_request_id(batch_uid: str, custom_id: str) -> str:
+    """The ``id`` of a result line: ``batch_req_`` + 32 hex from the batch uid and custom_id."""
+    return "batch_req_" + _digest("batch_req", batch_uid, custom_id)
+
+
+def request_id(batch_uid: str, custom_id: str) -> str:
+    """The ``response.request_id`` of a result line, derived like :func:`batch_request_id`."""
+    return "req_" + _digest("req", batch_uid, custom_id)
+
+
+def batch_object_name(batch_id: str) -> str:
+    """Kubernetes object name of a batch: ``batch_<suffix>`` → ``batch-<suffix>``."""
+    if not batch_id.startswith("batch_"):
+        raise ValueError(f"not a batch id: {batch_id!r}")
+    return "batch-" + batch_id.removeprefix("batch_")
+
+
+def batch_id_from_name(name: str) -> str:
+    """OpenAI id of a batch object: ``batch-<suffix>`` → ``batch_<suffix>``."""
+    if not name.startswith("batch-"):
+        raise ValueError(f"not a batch object name: {name!r}")
+    return "batch_" + name.removeprefix("batch-")
+
+
+def shard_job_name(batch_uid: str, shard_index: int) -> str:
+    """Deterministic Job name of one shard (≤ 63 characters, DNS-1123)."""
+    return f"llmb-{_digest('job', batch_uid)[:20]}-{shard_index:05d}"
