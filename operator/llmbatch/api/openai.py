@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 BatchStatus = Literal[
     "validating",
@@ -150,6 +150,18 @@ class Batch(WireModel):
     usage: BatchUsage | None = None
     metadata: dict[str, str] | None = None
     priority: Priority = "standard"
+
+    @field_validator("request_counts", mode="before")
+    @classmethod
+    def _counts_default(cls, value: Any) -> Any:
+        # The SDK models request_counts as optional; ours always carries all three numbers.
+        return {} if value is None else value
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority_default(cls, value: Any) -> Any:
+        # Batches created before the tier existed read as standard.
+        return "standard" if value is None else value
 
 
 class FileObject(WireModel):

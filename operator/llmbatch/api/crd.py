@@ -1,0 +1,196 @@
+"""Build CustomResourceDefinitions from the pydantic models in :mod:`llmbatch.api.resources`.
+
+Pydantic's JSON schema is turned into a Kubernetes *structural* schema: ``$ref``s inlined,
+``Optional`` collapsed, ``Any`` maps marked ``x-kubernetes-preserve-unknown-fields``, scalar
+defaults kept, titles dropped, and CEL rules added for immutable spec fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmbatch.api.resources import API_VERSION, GROUP, VERSION, BatchSpec, ResourceKind
+
+_KEEP_KEYS = ("description", "maxLength", "minLength", "pattern", "minimum", "maximum")
+_LIST_KEYS = {"minItems": "minItems", "maxItems": "maxItems"}
+_MAP_KEYS = {"minProperties": "minProperties", "maxProperties": "maxProperties"}
+
+
+def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref")
+    if ref is None:
+        return schema
+    target = dict(defs[ref.rsplit("/", 1)[-1]])
+    # A $ref next to a description (pydantic's style for documented sub-models) keeps the
+    # field's own description over the model's.
+    if "description" in schema:
+        target["description"] = schema["description"]
+    return target
+
+
+def to_structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Convert one pydantic JSON-schema node into a structural OpenAPI v3 node."""
+    schema = _resolve(schema, defs)
+    variants = schema.get("anyOf")
+    if variants is not None:
+        non_null = [v for v in variants if v.get("type") != "null"]
+        if len(non_null) != 1:
+            raise ValueError(f"unions are not structural: {schema}")
+        inner = dict(_resolve(non_null[0], defs))
+        for key in ("description", "default"):
+            if key in schema:
+                inner[key] = schema[key]
+        return to_structural(inner, defs)
+
+    out: dict[str, Any] = {}
+    for key in _KEEP_KEYS:
+        if key in schema:
+            out[key] = schema[key]
+    if "const" in schema:
+        out["type"] = "string"
+        out["enum"] = [schema["const"]]
+    elif "enum" in schema:
+        out["type"] = "string"
+        out["enum"] = list(schema["enum"])
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        out["type"] = "object"
+        props = schema.get("properties")
+        if props is not None:
+            out["properties"] = {name: to_structural(sub, defs) for name, sub in props.items()}
+            required = schema.get("required")
+            if required:
+                out["required"] = list(required)
+        else:
+            extra = schema.get("additionalProperties", True)
+            if extra is True or extra == {}:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            else:
+                out["additionalProperties"] = to_structural(extra, defs)
+            for key, target in _MAP_KEYS.items():
+                if key in schema:
+                    out[target] = schema[key]
+    elif kind == "array":
+        out["type"] = "array"
+        out["items"] = to_structural(schema["items"], defs)
+        for key, target in _LIST_KEYS.items():
+            if key in schema:
+                out[target] = schema[key]
+    elif kind == "integer":
+        out["type"] = "integer"
+        out["format"] = "int64"
+    elif kind in ("string", "boolean"):
+        out["type"] = kind
+    elif kind == "number":
+        raise ValueError("floats are not allowed in CRDs; use a decimal string")
+    elif "type" not in out:
+        raise ValueError(f"cannot convert schema node: {schema}")
+    default = schema.get("default")
+    if isinstance(default, str | int | bool) and not isinstance(default, dict | list):
+        out["default"] = default
+    return out
+
+
+def model_schema(model: type[Any]) -> dict[str, Any]:
+    """The structural schema of a pydantic model (by alias, as the API sees it)."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return to_structural(raw, defs)
+
+
+def _annotate_conditions(node: dict[str, Any]) -> None:
+    """Mark every ``conditions`` list as a map keyed by type (server-side apply friendly)."""
+    props = node.get("properties", {})
+    for name, child in props.items():
+        if name == "conditions" and child.get("type") == "array":
+            child["x-kubernetes-list-type"] = "map"
+            child["x-kubernetes-list-map-keys"] = ["type"]
+        _annotate_conditions(child)
+    if "items" in node:
+        _annotate_conditions(node["items"])
+
+
+def _batch_rules(spec: dict[str, Any]) -> None:
+    props = spec["properties"]
+    spec["x-kubernetes-validations"] = [
+        {
+            "rule": "has(self.inputFileID) != has(self.requests)",
+            "message": "exactly one of inputFileID and requests must be set",
+        }
+    ]
+    for field in BatchSpec.immutable:
+        alias = BatchSpec.model_fields[field].alias or field
+        props[alias].setdefault("x-kubernetes-validations", []).append(
+            {"rule": "self == oldSelf", "message": f"{alias} is immutable"}
+        )
+        if alias not in spec.get("required", []) and "default" not in props[alias]:
+            spec["x-kubernetes-validations"].append(
+                {
+                    "rule": f"has(self.{alias}) == has(oldSelf.{alias})",
+                    "message": f"{alias} is immutable",
+                }
+            )
+    props["metadata"].setdefault("x-kubernetes-validations", []).append(
+        {"rule": "self.all(k, size(k) <= 64)", "message": "metadata keys are at most 64 characters"}
+    )
+
+
+def build_crd(resource: ResourceKind) -> dict[str, Any]:
+    """The CustomResourceDefinition of one kind."""
+    spec = model_schema(resource.spec)
+    status = model_schema(resource.status)
+    spec["description"] = (resource.spec.__doc__ or "").strip()
+    status["description"] = (resource.status.__doc__ or "").strip()
+    if resource.kind == "Batch":
+        _batch_rules(spec)
+    _annotate_conditions(spec)
+    _annotate_conditions(status)
+    columns = []
+    for column in resource.printer_columns:
+        entry: dict[str, Any] = {k: v for k, v in column.items() if k != "priority"}
+        if "priority" in column:
+            entry["priority"] = int(column["priority"])
+        columns.append(entry)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{resource.plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": resource.kind,
+                "listKind": f"{resource.kind}List",
+                "plural": resource.plural,
+                "singular": resource.singular,
+                "shortNames": list(resource.short_names),
+                "categories": ["llmbatch"],
+            },
+            "scope": resource.scope,
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "description": resource.description,
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {
+                                    "type": "string",
+                                    "description": f"{API_VERSION}",
+                                },
+                                "kind": {"type": "string", "description": resource.kind},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": status,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
