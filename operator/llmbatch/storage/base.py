@@ -2,13 +2,25 @@
 
 Synchronous on purpose: boto3 is synchronous, and async callers (operator, gateway) wrap calls in
 ``asyncio.to_thread``. Keys are ``/``-separated strings chosen by the caller, never by a client.
+
+Ranges follow Python slicing on the object's bytes, clamped to its size: ``get(key, 5, 100)`` on a
+10-byte object returns bytes ``5..9``, ``start >= size`` returns ``b""``. A negative ``start`` or an
+``end`` below ``start`` is a :class:`ValueError` (a caller bug), never a silent empty read.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+#: Longest key S3 accepts (in UTF-8 bytes); the filesystem store uses the same limit.
+MAX_KEY_BYTES = 1024
+#: Key segments starting with this are reserved for a store's own temporary and probe objects.
+RESERVED_SEGMENT_PREFIX = ".llmbatch-"
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 class StoreError(Exception):
@@ -35,9 +47,22 @@ class IntegrityError(StoreError):
     """Stored bytes do not match the expected size or checksum."""
 
 
+class InvalidKey(StoreError, ValueError):
+    """The key is not a valid relative ``/``-separated object key (see :func:`validate_key`)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"invalid object key {key!r}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
-    """What the store knows about one object."""
+    """What the store knows about one object.
+
+    Passed as a :meth:`ObjectStore.compose` source, ``size`` (and ``sha256`` when set) are the
+    *expected* values, checked before anything is written.
+    """
 
     key: str
     size: int
@@ -45,16 +70,78 @@ class ObjectInfo:
     etag: str | None = None
 
 
+def validate_key(key: str) -> str:
+    """Return ``key`` when it is a valid object key, else raise :class:`InvalidKey`.
+
+    Valid: non-empty, at most :data:`MAX_KEY_BYTES` UTF-8 bytes, relative (no leading ``/``), no
+    empty, ``.`` or ``..`` segments, no backslash or control characters, no segment starting with
+    :data:`RESERVED_SEGMENT_PREFIX`. Both backends enforce the same rules so a key that works on the
+    filesystem works on S3 and back.
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(str(key), "empty")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise InvalidKey(key, f"longer than {MAX_KEY_BYTES} bytes")
+    if key.startswith("/"):
+        raise InvalidKey(key, "absolute")
+    if _CONTROL_CHARS.search(key):
+        raise InvalidKey(key, "contains a backslash or control character")
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidKey(key, "empty, '.' or '..' segment")
+        if segment.startswith(RESERVED_SEGMENT_PREFIX):
+            raise InvalidKey(key, f"segment starts with reserved {RESERVED_SEGMENT_PREFIX!r}")
+    return key
+
+
+def check_range(start: int, end: int | None) -> None:
+    """Reject ranges that are caller bugs (see the module docstring for range semantics)."""
+    if start < 0:
+        raise ValueError(f"range start must be >= 0, got {start}")
+    if end is not None and end < start:
+        raise ValueError(f"range end {end} is before start {start}")
+
+
+def source_key(source: str | ObjectInfo) -> str:
+    """The key of a :meth:`ObjectStore.compose` source."""
+    return source.key if isinstance(source, ObjectInfo) else source
+
+
+def check_expected(source: str | ObjectInfo, actual: ObjectInfo) -> None:
+    """Raise :class:`IntegrityError` when ``actual`` contradicts what ``source`` expects.
+
+    A sha256 is only compared when both sides know one; the caller hashes the bytes otherwise.
+    """
+    if not isinstance(source, ObjectInfo):
+        return
+    if source.size != actual.size:
+        raise IntegrityError(
+            f"compose source {source.key}: expected {source.size} bytes, store has {actual.size}"
+        )
+    if source.sha256 and actual.sha256 and source.sha256 != actual.sha256:
+        raise IntegrityError(
+            f"compose source {source.key}: expected sha256 {source.sha256}, "
+            f"store recorded {actual.sha256}"
+        )
+
+
 class ObjectStore(abc.ABC):
     """One interface over S3 and the local filesystem."""
 
     @abc.abstractmethod
     def put(
-        self, key: str, data: bytes | Iterable[bytes], *, if_absent: bool = False
+        self,
+        key: str,
+        data: bytes | Iterable[bytes],
+        *,
+        if_absent: bool = False,
+        sha256: str | None = None,
     ) -> ObjectInfo:
         """Store ``data`` (bytes or a stream of chunks) at ``key``; atomic: readers see all or none.
 
         With ``if_absent`` the write fails with :class:`ObjectExists` when the key is present.
+        With ``sha256`` (hex) the streamed bytes must hash to it, else :class:`IntegrityError` and
+        nothing is written. The returned info always carries the sha256 of what was written.
         """
 
     @abc.abstractmethod
@@ -65,7 +152,12 @@ class ObjectStore(abc.ABC):
     def iter_range(
         self, key: str, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20
     ) -> Iterator[bytes]:
-        """Stream bytes ``[start, end)`` of the object in chunks, never holding it all."""
+        """Stream bytes ``[start, end)`` of the object in chunks, never holding it all.
+
+        Raises :class:`ObjectNotFound` at call time (not on the first ``next()``) when the key is
+        missing; a stream that then fails or comes up short raises :class:`StoreError` /
+        :class:`IntegrityError` from ``next()``.
+        """
 
     @abc.abstractmethod
     def head(self, key: str) -> ObjectInfo | None:
@@ -73,12 +165,30 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in key order."""
+        """Every object whose key starts with ``prefix``, in key order.
+
+        ``prefix`` is a plain string prefix, not a directory: ``"a/b"`` matches ``a/b``, ``a/bc``
+        and ``a/b/c``. Items may lack ``sha256`` even when :meth:`head` knows it.
+        """
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object; removing a missing key is not an error."""
 
     @abc.abstractmethod
-    def compose(self, key: str, sources: list[str]) -> ObjectInfo:
-        """Write the concatenation of ``sources`` (in order) to ``key`` and verify its size."""
+    def compose(
+        self,
+        key: str,
+        sources: Sequence[str | ObjectInfo],
+        *,
+        if_absent: bool = False,
+        sha256: bool = False,
+    ) -> ObjectInfo:
+        """Write the concatenation of ``sources`` (in order) to ``key`` and verify its size.
+
+        A missing source raises :class:`ObjectNotFound` and writes nothing. A source given as an
+        :class:`ObjectInfo` must have that size (and sha256, when set), else
+        :class:`IntegrityError`. With ``sha256`` the result's hash is computed (S3 reads every
+        source once for it) and recorded on the object. ``if_absent`` is as for :meth:`put`.
+        An empty ``sources`` writes an empty object.
+        """

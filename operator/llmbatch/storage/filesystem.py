@@ -1,0 +1,301 @@
+"""The object store on a local (or shared POSIX) filesystem: one file per key under a root.
+
+Writes go to a temporary file in the key's directory, are fsynced, then published with
+``os.replace`` (or ``os.link`` for ``if_absent``: the link fails when the name exists, so of two
+concurrent conditional writers exactly one wins). Readers therefore see whole objects only. The
+sha256 of every write is kept in the ``user.llmbatch.sha256`` extended attribute where the
+filesystem supports xattrs (``head`` reports ``sha256=None`` elsewhere).
+
+Keys map to paths (``a/b/c`` → ``<root>/a/b/c``), so unlike S3 a key cannot be both an object and
+a "directory" of other keys: writing ``a`` when ``a/b`` exists fails with :class:`StoreError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import pathlib
+import stat
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+
+from llmbatch.storage.base import (
+    RESERVED_SEGMENT_PREFIX,
+    IntegrityError,
+    InvalidKey,
+    ObjectExists,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    check_expected,
+    check_range,
+    source_key,
+    validate_key,
+)
+from llmbatch.storage.streams import iter_chunks, verified_source_stream
+
+_XATTR_SHA256 = "user.llmbatch.sha256"
+_TMP_PREFIX = f"{RESERVED_SEGMENT_PREFIX}tmp-"
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_sha256(path: pathlib.Path) -> str | None:
+    if not hasattr(os, "getxattr"):
+        return None
+    try:
+        return os.getxattr(path, _XATTR_SHA256).decode("ascii")
+    except OSError:
+        return None
+
+
+def _write_sha256(fd: int, digest: str) -> None:
+    if hasattr(os, "setxattr"):
+        # Best effort: tmpfs before Linux 6.6, some network filesystems have no user xattrs.
+        with contextlib.suppress(OSError):
+            os.setxattr(fd, _XATTR_SHA256, digest.encode("ascii"))
+
+
+class FilesystemStore(ObjectStore):
+    """An :class:`ObjectStore` whose objects are files under ``root`` (created when missing)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        root_path = pathlib.Path(root)
+        if not root_path.is_absolute():
+            raise ValueError(f"filesystem store root must be absolute: {root}")
+        root_path.mkdir(parents=True, exist_ok=True)
+        self.root = root_path.resolve()
+
+    def __repr__(self) -> str:
+        return f"FilesystemStore({str(self.root)!r})"
+
+    # -- keys and paths ---------------------------------------------------------------------------
+
+    def _path(self, key: str) -> pathlib.Path:
+        validate_key(key)
+        path = self.root / key
+        # A symlink inside the root must not lead a key outside it.
+        real = pathlib.Path(os.path.realpath(path))
+        if real != self.root and self.root not in real.parents:
+            raise InvalidKey(key, "resolves outside the store root")
+        return path
+
+    def _key(self, path: pathlib.Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def put(
+        self,
+        key: str,
+        data: bytes | Iterable[bytes],
+        *,
+        if_absent: bool = False,
+        sha256: str | None = None,
+    ) -> ObjectInfo:
+        path = self._path(key)
+        if if_absent and os.path.lexists(path):
+            raise ObjectExists(key)
+        tmp = self._create_temp(key, path)
+        try:
+            hasher = hashlib.sha256()
+            size = 0
+            with open(tmp, "wb") as out:
+                for chunk in iter_chunks(data):
+                    out.write(chunk)
+                    hasher.update(chunk)
+                    size += len(chunk)
+                out.flush()
+                digest = hasher.hexdigest()
+                if sha256 is not None and digest != sha256.lower():
+                    raise IntegrityError(f"put {key}: data sha256 {digest} != expected {sha256}")
+                _write_sha256(out.fileno(), digest)
+                os.fsync(out.fileno())
+            self._publish(key, tmp, path, if_absent=if_absent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        _fsync_dir(path.parent)
+        return ObjectInfo(key=key, size=size, sha256=digest)
+
+    def _create_temp(self, key: str, path: pathlib.Path) -> pathlib.Path:
+        # A concurrent delete may remove the (empty) parent between mkdir and open: retry.
+        for _ in range(10):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError) as exc:
+                if self._object_above(path):
+                    raise StoreError(f"put {key}: a parent of the key is an object") from exc
+                continue  # lost a race with a delete pruning the directory
+            tmp = path.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileNotFoundError:
+                continue
+            os.close(fd)
+            return tmp
+        raise StoreError(f"put {key}: parent directory keeps disappearing")
+
+    def _object_above(self, path: pathlib.Path) -> bool:
+        """Whether some parent directory of ``path`` (inside the root) is a file."""
+        return any(
+            parent.is_file()
+            for parent in path.parents
+            if parent != self.root and self.root in parent.parents
+        )
+
+    def _publish(self, key: str, tmp: pathlib.Path, path: pathlib.Path, *, if_absent: bool) -> None:
+        try:
+            if if_absent:
+                os.link(tmp, path)
+            else:
+                os.replace(tmp, path)
+        except FileExistsError as exc:
+            raise ObjectExists(key) from exc
+        except IsADirectoryError as exc:
+            raise StoreError(f"put {key}: other keys live under {key}/") from exc
+        except OSError as exc:
+            if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                raise StoreError(f"put {key}: other keys live under {key}/") from exc
+            raise StoreError(f"put {key}: {exc}") from exc
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return
+        except PermissionError as exc:
+            if path.is_dir():  # macOS reports unlink(dir) as EPERM
+                return
+            raise StoreError(f"delete {key}: {exc}") from exc
+        # Drop directories the delete left empty so the tree does not grow forever.
+        parent = path.parent
+        while parent != self.root:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+    def compose(
+        self,
+        key: str,
+        sources: Sequence[str | ObjectInfo],
+        *,
+        if_absent: bool = False,
+        sha256: bool = False,
+    ) -> ObjectInfo:
+        validate_key(key)
+        actual: list[ObjectInfo] = []
+        for source in sources:
+            info = self.head(source_key(source))
+            if info is None:
+                raise ObjectNotFound(source_key(source))
+            check_expected(source, info)
+            actual.append(info)
+        # The result's sha256 is always computed here: the bytes pass through us anyway.
+        result = self.put(key, verified_source_stream(self, sources, actual), if_absent=if_absent)
+        total = sum(info.size for info in actual)
+        if result.size != total:
+            raise IntegrityError(f"compose {key}: wrote {result.size} bytes, sources sum {total}")
+        return result
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def _open(self, key: str) -> tuple[int, int]:
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(key) from None
+        except IsADirectoryError:
+            raise ObjectNotFound(key) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ObjectNotFound(key)
+        return fd, st.st_size
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        return b"".join(self.iter_range(key, start, end))
+
+    def iter_range(
+        self, key: str, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20
+    ) -> Iterator[bytes]:
+        check_range(start, end)
+        if chunk_size <= 0:
+            raise ValueError("chunk_size must be positive")
+        fd, size = self._open(key)  # eager: a missing key raises here, not on next()
+        stop = size if end is None else min(end, size)
+        return self._read_fd(fd, min(start, stop), stop, chunk_size)
+
+    @staticmethod
+    def _read_fd(fd: int, start: int, stop: int, chunk_size: int) -> Iterator[bytes]:
+        # The open fd keeps reading the same inode even if the key is replaced meanwhile.
+        try:
+            pos = start
+            while pos < stop:
+                chunk = os.pread(fd, min(chunk_size, stop - pos), pos)
+                if not chunk:
+                    raise IntegrityError(f"object truncated while reading at byte {pos}")
+                pos += len(chunk)
+                yield chunk
+        finally:
+            os.close(fd)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return ObjectInfo(key=key, size=st.st_size, sha256=_read_sha256(path))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        if prefix.startswith("/") or "\\" in prefix or "\x00" in prefix:
+            raise InvalidKey(prefix, "invalid list prefix")
+        if any(seg in (".", "..") for seg in prefix.split("/")[:-1]):
+            raise InvalidKey(prefix, "invalid list prefix")
+        directory = self.root / prefix.rpartition("/")[0] if "/" in prefix else self.root
+        return self._walk(directory, prefix)
+
+    def _walk(self, directory: pathlib.Path, prefix: str) -> Iterator[ObjectInfo]:
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        # Sorting a directory's names with '/' appended to subdirectories yields keys in exactly
+        # the order S3 lists them: all keys under "d/" sort together, right where "d/" sorts.
+        keyed: list[tuple[str, os.DirEntry[str]]] = []
+        for entry in entries:
+            if entry.name.startswith(RESERVED_SEGMENT_PREFIX):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                keyed.append((entry.name + "/", entry))
+            elif entry.is_file(follow_symlinks=False):
+                keyed.append((entry.name, entry))
+        keyed.sort(key=lambda item: item[0])
+        for _, entry in keyed:
+            key = self._key(pathlib.Path(entry.path))
+            if entry.is_dir(follow_symlinks=False):
+                sub = key + "/"
+                if sub.startswith(prefix) or prefix.startswith(sub):
+                    yield from self._walk(pathlib.Path(entry.path), prefix)
+            elif key.startswith(prefix):
+                try:
+                    size = entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue  # deleted while listing
+                yield ObjectInfo(key=key, size=size)

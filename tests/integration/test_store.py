@@ -1,0 +1,592 @@
+"""The ObjectStore contract, run against both backends (``store`` is parametrized), plus each
+backend's own guarantees. S3 runs against a real moto server process (tests/fixtures/s3server.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from llmbatch.storage import (
+    FilesystemStore,
+    IntegrityError,
+    InvalidKey,
+    ObjectExists,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    open_store,
+)
+from llmbatch.storage.s3 import S3Store
+from tests.fixtures.s3server import S3Server
+
+MIB = 1 << 20
+
+
+def _pattern(size: int, seed: int = 0) -> bytes:
+    """Deterministic non-repeating-looking bytes (so misplaced ranges are caught)."""
+    block = hashlib.sha256(f"{seed}".encode()).digest() * 2048  # 64 KiB
+    reps = size // len(block) + 1
+    data = b"".join(bytes([(i + seed) % 251]) + block[1:] for i in range(reps))
+    return data[:size]
+
+
+def _chunks(data: bytes, size: int) -> Iterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+def _count_calls(store: ObjectStore, method: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record the calls an S3Store makes to one boto3 client method."""
+    calls: list[Any] = []
+    assert isinstance(store, S3Store)
+    original: Callable[..., Any] = getattr(store.client, method)
+
+    def spy(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(store.client, method, spy)
+    return calls
+
+
+def _corrupt(store: ObjectStore, key: str, data: bytes) -> None:
+    """Change an object's bytes behind the store's back (no new checksum recorded)."""
+    if isinstance(store, FilesystemStore):
+        with open(store.root / key, "r+b") as f:
+            f.write(data)
+    else:
+        assert isinstance(store, S3Store)
+        store.client.put_object(Bucket=store.bucket, Key=store.prefix + key, Body=data)
+
+
+# -- put / get ---------------------------------------------------------------------------------
+
+
+def test_put_get_bytes(store: ObjectStore) -> None:
+    info = store.put("a/b/obj.jsonl", b'{"x": 1}\n')
+    assert info == ObjectInfo(
+        key="a/b/obj.jsonl",
+        size=9,
+        sha256=hashlib.sha256(b'{"x": 1}\n').hexdigest(),
+        etag=info.etag,
+    )
+    assert store.get("a/b/obj.jsonl") == b'{"x": 1}\n'
+    head = store.head("a/b/obj.jsonl")
+    assert head is not None
+    assert head.size == 9
+
+
+def test_put_stream_and_overwrite(store: ObjectStore) -> None:
+    store.put("k", iter([b"hello", b"", b" ", b"world"]))
+    assert store.get("k") == b"hello world"
+    info = store.put("k", b"second")
+    assert store.get("k") == b"second"
+    assert info.size == 6
+
+
+def test_put_empty_object(store: ObjectStore) -> None:
+    info = store.put("empty", iter([]))
+    assert info.size == 0
+    assert info.sha256 == hashlib.sha256(b"").hexdigest()
+    assert store.get("empty") == b""
+    assert store.get("empty", 0, 10) == b""
+    assert list(store.iter_range("empty")) == []
+    head = store.head("empty")
+    assert head is not None
+    assert head.size == 0
+
+
+def test_put_records_sha256_and_rejects_mismatch(store: ObjectStore) -> None:
+    data = b"payload" * 100
+    digest = hashlib.sha256(data).hexdigest()
+    assert store.put("ok", data, sha256=digest).sha256 == digest
+    head = store.head("ok")
+    assert head is not None
+    if head.sha256 is not None:  # filesystems without user xattrs record none
+        assert head.sha256 == digest
+    with pytest.raises(IntegrityError):
+        store.put("bad", data, sha256="0" * 64)
+    assert store.head("bad") is None
+
+
+def test_large_multipart_put_stream(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _pattern(12 * MIB + 123, seed=1)
+    parts = _count_calls(store, "upload_part", monkeypatch) if isinstance(store, S3Store) else []
+    info = store.put("big/stream.bin", _chunks(data, 700_000))
+    assert info.size == len(data)
+    assert info.sha256 == hashlib.sha256(data).hexdigest()
+    if isinstance(store, S3Store):
+        assert len(parts) == 2  # 8 MiB + the rest
+        assert all(len(p["Body"]) >= 5 * MIB for p in parts[:-1])
+    head = store.head("big/stream.bin")
+    assert head is not None
+    assert head.size == len(data)
+    assert store.get("big/stream.bin") == data
+    # A range across the part boundary.
+    boundary = 8 * MIB
+    assert (
+        store.get("big/stream.bin", boundary - 10, boundary + 10)
+        == data[boundary - 10 : boundary + 10]
+    )
+
+
+def test_large_put_from_one_bytes_object_is_split(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _pattern(12 * MIB, seed=2)
+    parts = _count_calls(store, "upload_part", monkeypatch) if isinstance(store, S3Store) else []
+    store.put("big/bytes.bin", data, sha256=hashlib.sha256(data).hexdigest())
+    if isinstance(store, S3Store):
+        assert [len(p["Body"]) for p in parts] == [8 * MIB, 4 * MIB]
+        head = store.head("big/bytes.bin")
+        assert head is not None
+        assert head.sha256 == hashlib.sha256(data).hexdigest()  # known up front: recorded
+    assert store.get("big/bytes.bin") == data
+
+
+def test_failed_stream_leaves_nothing(store: ObjectStore, tmp_path: pathlib.Path) -> None:
+    def broken() -> Iterator[bytes]:
+        yield _pattern(6 * MIB)
+        yield _pattern(6 * MIB)
+        raise RuntimeError("producer died")
+
+    with pytest.raises(RuntimeError, match="producer died"):
+        store.put("partial", broken())
+    assert store.head("partial") is None
+    assert list(store.list("")) == []
+    if isinstance(store, S3Store):
+        uploads = store.client.list_multipart_uploads(Bucket=store.bucket)
+        assert uploads.get("Uploads", []) == []  # aborted
+    else:
+        assert isinstance(store, FilesystemStore)
+        assert [p.name for p in store.root.rglob("*") if p.is_file()] == []
+
+
+# -- ranged reads ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        (0, None),
+        (0, 0),
+        (0, 1),
+        (3, 3),
+        (0, 10),
+        (2, 7),
+        (5, None),
+        (9, None),
+        (9, 10),
+        (5, 100),
+        (10, None),
+        (10, 10),
+        (10, 20),
+        (100, None),
+        (100, 200),
+    ],
+)
+def test_ranged_reads(store: ObjectStore, start: int, end: int | None) -> None:
+    data = b"0123456789"
+    store.put("r", data)
+    assert store.get("r", start, end) == data[start:end]
+    assert b"".join(store.iter_range("r", start, end, chunk_size=3)) == data[start:end]
+
+
+def test_iter_range_streams_in_chunks(store: ObjectStore) -> None:
+    data = _pattern(3 * MIB + 5)
+    store.put("s", data)
+    chunks = list(store.iter_range("s", 1, None, chunk_size=256 * 1024))
+    assert len(chunks) > 10
+    assert all(len(c) <= 256 * 1024 for c in chunks)
+    assert b"".join(chunks) == data[1:]
+
+
+def test_bad_ranges_are_caller_errors(store: ObjectStore) -> None:
+    store.put("r", b"abc")
+    with pytest.raises(ValueError, match="start"):
+        store.get("r", -1)
+    with pytest.raises(ValueError, match="before start"):
+        store.get("r", 2, 1)
+
+
+def test_missing_object(store: ObjectStore) -> None:
+    assert store.head("nope") is None
+    with pytest.raises(ObjectNotFound) as excinfo:
+        store.get("nope")
+    assert excinfo.value.key == "nope"
+    with pytest.raises(ObjectNotFound):
+        store.get("nope", 0, 0)
+    with pytest.raises(ObjectNotFound):
+        store.iter_range("nope", 5)  # eager: raised at call time, not on next()
+
+
+# -- list / delete -----------------------------------------------------------------------------
+
+_LIST_KEYS = ["b", "a/b", "a-c", "a/a/z", "a/c", "ab", "a.x", "a0", "a/b0/x", "c/d/e/f"]
+
+
+def test_list_by_prefix_in_key_order(store: ObjectStore) -> None:
+    for i, key in enumerate(_LIST_KEYS):
+        store.put(key, b"x" * i)
+    sizes = {key: i for i, key in enumerate(_LIST_KEYS)}
+
+    def listed(prefix: str) -> list[str]:
+        infos = list(store.list(prefix))
+        assert all(info.size == sizes[info.key] for info in infos)
+        return [info.key for info in infos]
+
+    assert listed("") == sorted(_LIST_KEYS)
+    assert listed("a/") == ["a/a/z", "a/b", "a/b0/x", "a/c"]
+    assert listed("a/b") == ["a/b", "a/b0/x"]
+    assert listed("a") == sorted(k for k in _LIST_KEYS if k.startswith("a"))
+    assert listed("c/d/") == ["c/d/e/f"]
+    assert listed("zz") == []
+    assert listed("a/zz/") == []
+
+
+def test_list_paginates(store: ObjectStore) -> None:
+    if isinstance(store, S3Store):
+        store.list_page_size = 7  # as if 1000: several pages, one cut inside a "directory"
+    keys = sorted(
+        [f"many/{i:03d}" for i in range(20)] + [f"many/{i:03d}/x" for i in range(0, 20, 3)]
+    )
+    keys = [k for k in keys if not any(o.startswith(k + "/") for o in keys)]  # fs: no a and a/x
+    for key in keys:
+        store.put(key, b"")
+    assert [info.key for info in store.list("many/")] == keys
+
+
+def test_delete_is_idempotent(store: ObjectStore) -> None:
+    store.put("d/x", b"1")
+    store.put("d/y", b"2")
+    store.delete("d/x")
+    store.delete("d/x")
+    store.delete("never/existed")
+    assert store.head("d/x") is None
+    assert [i.key for i in store.list("d/")] == ["d/y"]
+    store.put("d/x", b"again")  # a deleted key can be written again
+    assert store.get("d/x") == b"again"
+
+
+# -- conditional create ------------------------------------------------------------------------
+
+
+def test_if_absent_second_writer_gets_object_exists(store: ObjectStore) -> None:
+    store.put("once", b"first", if_absent=True)
+    with pytest.raises(ObjectExists) as excinfo:
+        store.put("once", b"second", if_absent=True)
+    assert excinfo.value.key == "once"
+    assert store.get("once") == b"first"
+    store.put("once", b"third")  # an unconditional put still overwrites
+    assert store.get("once") == b"third"
+
+
+def test_if_absent_multipart(store: ObjectStore) -> None:
+    data = _pattern(11 * MIB, seed=3)
+    store.put("big-once", _chunks(data, MIB), if_absent=True)
+    with pytest.raises(ObjectExists):
+        store.put("big-once", _chunks(_pattern(11 * MIB, seed=4), MIB), if_absent=True)
+    assert store.get("big-once") == data
+
+
+def _race_if_absent(store: ObjectStore, key: str, writers: int) -> tuple[list[int], list[int]]:
+    """``writers`` threads released together, each putting its own bytes with if_absent."""
+    barrier = threading.Barrier(writers)
+    won: list[int] = []
+    lost: list[int] = []
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        barrier.wait()
+        try:
+            store.put(key, f"writer-{i}".encode(), if_absent=True)
+            won.append(i)
+        except ObjectExists:
+            lost.append(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    return won, lost
+
+
+def test_if_absent_concurrent_writers_exactly_one_wins(store: ObjectStore) -> None:
+    for round_ in range(3):
+        won, lost = _race_if_absent(store, f"race/{round_}", writers=8)
+        assert len(won) == 1, (won, lost)
+        assert len(lost) == 7
+        assert store.get(f"race/{round_}") == f"writer-{won[0]}".encode()
+
+
+# -- compose -----------------------------------------------------------------------------------
+
+
+def test_compose_small_parts(store: ObjectStore) -> None:
+    pieces = [b"line 1\n", b"line 2\n", b"", b"line 3\n"]
+    for i, piece in enumerate(pieces):
+        store.put(f"chunks/{i}", piece)
+    info = store.compose("out", [f"chunks/{i}" for i in range(len(pieces))])
+    assert info.size == sum(map(len, pieces))
+    assert store.get("out") == b"".join(pieces)
+
+
+def test_compose_empty_source_list(store: ObjectStore) -> None:
+    info = store.compose("empty-out", [])
+    assert info.size == 0
+    assert store.get("empty-out") == b""
+
+
+def test_compose_large_parts_use_server_side_copy(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sources = {"p/0": _pattern(5 * MIB, 10), "p/1": _pattern(6 * MIB, 11), "p/2": b"tail\n"}
+    for key, data in sources.items():
+        store.put(key, data)
+    copies = (
+        _count_calls(store, "upload_part_copy", monkeypatch) if isinstance(store, S3Store) else []
+    )
+    uploads = _count_calls(store, "upload_part", monkeypatch) if isinstance(store, S3Store) else []
+    info = store.compose("joined", list(sources), sha256=True)
+    expected = b"".join(sources.values())
+    assert info.size == len(expected)
+    assert info.sha256 == hashlib.sha256(expected).hexdigest()
+    assert store.get("joined") == expected
+    if isinstance(store, S3Store):
+        assert [c["CopySourceRange"] for c in copies] == [
+            f"bytes=0-{5 * MIB - 1}",
+            f"bytes=0-{6 * MIB - 1}",
+        ]
+        assert len(uploads) == 1  # only the small tail passes through us
+        head = store.head("joined")
+        assert head is not None
+        assert head.sha256 == info.sha256
+
+
+def test_compose_mixed_sizes(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = [1000, 6 * MIB, 0, 3 * MIB, 2 * MIB + 7, 5 * MIB + 3, 17, 12 * MIB + 1, 5]
+    keys = []
+    for i, size in enumerate(sizes):
+        keys.append(f"m/{i}")
+        store.put(keys[-1], _pattern(size, seed=i))
+    copies = (
+        _count_calls(store, "upload_part_copy", monkeypatch) if isinstance(store, S3Store) else []
+    )
+    info = store.compose("mixed", keys)
+    expected = b"".join(_pattern(size, seed=i) for i, size in enumerate(sizes))
+    assert info.size == len(expected)
+    assert store.get("mixed") == expected
+    if isinstance(store, S3Store):
+        assert copies  # the large sources were copied server-side
+
+
+def test_compose_missing_source_writes_nothing(store: ObjectStore) -> None:
+    store.put("c/0", b"a")
+    with pytest.raises(ObjectNotFound) as excinfo:
+        store.compose("c/out", ["c/0", "c/missing"])
+    assert excinfo.value.key == "c/missing"
+    assert store.head("c/out") is None
+
+
+def test_compose_checks_expected_sizes_and_checksums(store: ObjectStore) -> None:
+    good, other = b"good chunk\n", b"evil chunk\n"
+    info = store.put("x/0", good)
+    store.put("x/1", b"second\n")
+    expected = [info, ObjectInfo("x/1", 7)]
+    assert store.compose("x/out", expected).size == len(good) + 7
+
+    with pytest.raises(IntegrityError, match="expected 99 bytes"):
+        store.compose("x/out2", [ObjectInfo("x/0", 99)])
+    # Same size, other bytes, checksum recorded by the store: caught without reading.
+    store.put("x/0", other)
+    with pytest.raises(IntegrityError):
+        store.compose("x/out2", [info])
+    # Same size, other bytes, written behind the store's back: caught by hashing the source.
+    store.put("x/0", good)
+    _corrupt(store, "x/0", other)
+    with pytest.raises(IntegrityError):
+        store.compose("x/out2", [info])
+    assert store.head("x/out2") is None
+
+
+def test_compose_if_absent(store: ObjectStore) -> None:
+    store.put("s/0", b"a")
+    store.compose("s/out", ["s/0"], if_absent=True)
+    with pytest.raises(ObjectExists):
+        store.compose("s/out", ["s/0", "s/0"], if_absent=True)
+    assert store.get("s/out") == b"a"
+
+
+def test_compose_is_repeatable(store: ObjectStore) -> None:
+    """Finalisation may run twice (operator restart): the same compose gives the same bytes."""
+    store.put("f/0", _pattern(6 * MIB))
+    store.put("f/1", b"end")
+    first = store.compose("f/out", ["f/0", "f/1"], sha256=True)
+    second = store.compose("f/out", ["f/0", "f/1"], sha256=True)
+    assert first.sha256 == second.sha256
+    assert first.size == second.size == 6 * MIB + 3
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+_BAD_KEYS = [
+    "",
+    "/abs",
+    "a//b",
+    "a/",
+    "../x",
+    "a/../../x",
+    "a/./b",
+    ".",
+    "..",
+    "a\\b",
+    "a\x00b",
+    "x/.llmbatch-tmp-1",
+    "a" * 1025,
+]
+
+
+@pytest.mark.parametrize("key", _BAD_KEYS)
+def test_invalid_keys_rejected(store: ObjectStore, key: str) -> None:
+    with pytest.raises(InvalidKey):
+        store.put(key, b"x")
+    with pytest.raises(ValueError):  # InvalidKey is a ValueError too
+        store.get(key)
+    with pytest.raises(InvalidKey):
+        store.head(key)
+    with pytest.raises(InvalidKey):
+        store.delete(key)
+
+
+def test_unicode_keys(store: ObjectStore) -> None:
+    store.put("tenant/ünï cödé/😀.jsonl", b"ok")
+    assert store.get("tenant/ünï cödé/😀.jsonl") == b"ok"
+    assert [i.key for i in store.list("tenant/")] == ["tenant/ünï cödé/😀.jsonl"]
+
+
+# -- filesystem specifics ----------------------------------------------------------------------
+
+
+def test_fs_symlink_cannot_escape_root(fs_store: FilesystemStore, tmp_path: pathlib.Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    os.symlink(outside, fs_store.root / "link")
+    with pytest.raises(InvalidKey, match="outside"):
+        fs_store.get("link/secret")
+    with pytest.raises(InvalidKey):
+        fs_store.put("link/new", b"x")
+    assert not (outside / "new").exists()
+
+
+def test_fs_object_and_prefix_conflict(fs_store: FilesystemStore) -> None:
+    fs_store.put("a/b", b"x")
+    with pytest.raises(StoreError):
+        fs_store.put("a", b"y")
+    with pytest.raises(StoreError):
+        fs_store.put("a/b/c", b"z")
+    assert fs_store.head("a") is None
+    assert fs_store.get("a/b") == b"x"
+
+
+def test_fs_delete_prunes_empty_directories(fs_store: FilesystemStore) -> None:
+    fs_store.put("deep/er/key", b"x")
+    fs_store.delete("deep/er/key")
+    assert list(fs_store.root.iterdir()) == []
+
+
+def test_fs_temp_files_are_invisible(fs_store: FilesystemStore) -> None:
+    fs_store.put("dir/k", b"x")
+    (fs_store.root / "dir" / ".llmbatch-tmp-leftover").write_bytes(b"partial")
+    assert [i.key for i in fs_store.list("")] == ["dir/k"]
+
+
+def test_fs_concurrent_put_and_delete_in_one_directory(fs_store: FilesystemStore) -> None:
+    """A delete pruning a directory must not make a concurrent put into it fail."""
+    errors: list[BaseException] = []
+
+    def churn(i: int) -> None:
+        try:
+            for j in range(200):
+                fs_store.put(f"shared/dir/{i}-{j}", b"x")
+                fs_store.delete(f"shared/dir/{i}-{j}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+# -- S3 specifics ------------------------------------------------------------------------------
+
+
+def test_s3_detects_native_conditional_writes(s3_store: S3Store) -> None:
+    assert s3_store.uses_native_conditional_writes() is True
+    assert list(s3_store.list("")) == []  # the probe object is gone
+
+
+def test_s3_emulated_conditional_writes(s3_uri: str) -> None:
+    store = open_store(s3_uri + "&conditional_writes=emulate")  # s3_uri has a query already
+    assert isinstance(store, S3Store)
+    assert store.uses_native_conditional_writes() is False
+    store.put("e", b"1", if_absent=True)
+    with pytest.raises(ObjectExists):
+        store.put("e", b"2", if_absent=True)
+
+
+def test_s3_prefixes_isolate_stores(s3_server: S3Server, s3_bucket: str) -> None:
+    one = open_store(s3_server.uri(s3_bucket, "tenant-one"))
+    two = open_store(s3_server.uri(s3_bucket, "tenant-two"))
+    root = open_store(s3_server.uri(s3_bucket))
+    one.put("k", b"1")
+    two.put("k", b"2")
+    assert one.get("k") == b"1"
+    assert [i.key for i in two.list("")] == ["k"]
+    assert [i.key for i in root.list("")] == ["tenant-one/k", "tenant-two/k"]
+
+
+def test_s3_missing_bucket_is_a_store_error(s3_server: S3Server) -> None:
+    store = open_store(s3_server.uri("no-such-bucket-here"))
+    with pytest.raises(StoreError, match="does not exist"):
+        store.put("k", b"x")
+    with pytest.raises(StoreError):
+        list(store.list(""))
+
+
+def test_s3_unreachable_endpoint_is_a_store_error(s3_server: S3Server) -> None:
+    uri = s3_server.uri(
+        "bucket", endpoint_url="http://127.0.0.1:9", max_attempts=1, connect_timeout=0.5
+    )
+    store = open_store(uri)
+    with pytest.raises(StoreError):
+        store.get("k")
+    with pytest.raises(StoreError):
+        store.head("k")
+
+
+def test_s3_credentials_from_secret_dir_with_kubernetes_names(
+    s3_server: S3Server, s3_bucket: str, tmp_path: pathlib.Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "accessKeyID").write_text("testing\n")
+    (secret / "secretAccessKey").write_text("testing\n")
+    store = open_store(s3_server.uri(s3_bucket, secret_dir=str(secret)))
+    store.put("k", b"v")
+    assert store.get("k") == b"v"
