@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 UTF8_BOM = b"\xef\xbb\xbf"
+_WHITESPACE = frozenset(b" \t\r\n\x0b\x0c")
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 OUTPUT_TOKEN_FIELDS: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
@@ -138,34 +139,42 @@ _NUMBER_LIMIT = float(2**63)
 
 
 def _scan_structure(value: Any, max_depth: int) -> ErrorCode | None:
-    """Reject deep nesting and out-of-range numbers; iterative, so never a RecursionError.
+    """Reject deep nesting and out-of-range numbers; level by level, so never a RecursionError.
 
     orjson turns integer literals beyond 64 bits into (lossy) floats; any number whose magnitude
     reaches 2**63 is rejected rather than passed on silently changed.
     """
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
+    level: list[Any] = [value]
+    depth = 1
+    while level:
         if depth > max_depth:
             return ErrorCode.NESTING_TOO_DEEP
-        children: Iterable[Any] = item.values() if isinstance(item, dict) else item
-        for child in children:
-            if isinstance(child, dict | list):
-                stack.append((child, depth + 1))
-            elif isinstance(child, float) and not -_NUMBER_LIMIT < child < _NUMBER_LIMIT:
-                return ErrorCode.NUMBER_OUT_OF_RANGE
+        deeper: list[Any] = []
+        for item in level:
+            for child in item.values() if type(item) is dict else item:
+                kind = type(child)
+                if kind is dict or kind is list:
+                    deeper.append(child)
+                elif kind is float and not -_NUMBER_LIMIT < child < _NUMBER_LIMIT:
+                    return ErrorCode.NUMBER_OUT_OF_RANGE
+        level = deeper
+        depth += 1
     return None
 
 
 def check_request(
-    obj: Any, *, endpoint: str, limits: ValidationLimits, line: int | None = None
+    obj: Any,
+    *,
+    endpoint: str,
+    limits: ValidationLimits,
+    line: int | None = None,
 ) -> tuple[list[InvalidLine], str | None, int]:
     """Check one parsed line on its own (no cross-line rules).
 
     Returns the problems, the line's model (when readable) and its declared output-token limit.
     """
     problems: list[InvalidLine] = []
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         msg = f"Line {line} is not a JSON object." if line else "The line is not a JSON object."
         return [InvalidLine(ErrorCode.INVALID_JSON_LINE, msg, line)], None, 0
     structural = _scan_structure(obj, limits.max_json_depth)
@@ -176,6 +185,28 @@ def check_request(
         return [InvalidLine(structural, _NUMBER_MESSAGE.format(line=line), line)], None, 0
 
     custom_id = obj.get("custom_id")
+    url = obj.get("url")
+    body = obj.get("body")
+    # Fast path for the usual, valid line; anything unusual takes the full checks below.
+    if (
+        type(custom_id) is str
+        and 0 < len(custom_id) <= limits.max_custom_id_length
+        and (url == endpoint or url == "/openai" + endpoint)
+        and obj.get("method") == "POST"
+        and type(body) is dict
+    ):
+        fast_model = body.get("model")
+        if type(fast_model) is str and fast_model and body.get("stream") is not True:
+            if endpoint not in _GENERATIVE_ENDPOINTS:
+                return problems, fast_model, 0
+            limit = body.get("max_completion_tokens")
+            if limit is None:
+                limit = body.get("max_tokens")
+            if type(limit) is int and limit > 0 and body.get("max_tokens") in (None, limit):
+                return problems, fast_model, limit
+            if limit is None and not limits.require_output_token_limit:
+                return problems, fast_model, 0
+
     if custom_id is None:
         problems.append(
             InvalidLine(ErrorCode.MISSING_CUSTOM_ID, "Missing custom_id.", line, "custom_id")
@@ -192,14 +223,12 @@ def check_request(
         msg = f"method must be POST, got {method!r}."
         problems.append(InvalidLine(ErrorCode.INVALID_METHOD, msg, line, "method"))
 
-    url = obj.get("url")
     if url is None:
         problems.append(InvalidLine(ErrorCode.MISSING_URL, "Missing url.", line, "url"))
-    elif not isinstance(url, str) or normalize_endpoint(url) != endpoint:
+    elif url != endpoint and (not isinstance(url, str) or normalize_endpoint(url) != endpoint):
         msg = f"url {url!r} does not match the batch endpoint {endpoint}."
         problems.append(InvalidLine(ErrorCode.MISMATCHED_URL, msg, line, "url"))
 
-    body = obj.get("body")
     model: str | None = None
     output_tokens = 0
     if not isinstance(body, dict):
@@ -385,7 +414,7 @@ class LineValidator:
             text = text[len(UTF8_BOM) :]
         if text.endswith(b"\r"):
             text = text[:-1]
-        if not text.strip():
+        if not text or (text[0] in _WHITESPACE and not text.strip()):
             self._cutter.add_line(False, self._offset)
             return
         self._count_request()
