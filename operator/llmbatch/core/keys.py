@@ -1,0 +1,42 @@
+"""Object-store keys: derived from ids the system mints, never from a client's string."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+
+def new_file_id() -> str:
+    """A fresh, unguessable file id: ``file-`` + 32 hex (128 random bits)."""
+    return "file-" + secrets.token_hex(16)
+
+
+def derived_file_id(batch_uid: str, purpose: str) -> str:
+    """Deterministic id of a batch's output or error file (finalisation can run twice)."""
+    digest = hashlib.sha256(f"{batch_uid}\0{purpose}".encode()).hexdigest()[:32]
+    return "file-" + digest
+
+
+def file_key(namespace: str, file_id: str) -> str:
+    """Where a file's bytes live."""
+    return f"files/{namespace}/{file_id}"
+
+
+def work_prefix(namespace: str, batch_uid: str) -> str:
+    """The work area of one batch (inline input, shard specs, chunks); removed with the batch."""
+    return f"work/{namespace}/{batch_uid}"
+
+
+def inline_input_key(namespace: str, batch_uid: str) -> str:
+    """Where inline ``spec.requests`` are written as JSONL before validation."""
+    return f"{work_prefix(namespace, batch_uid)}/input.jsonl"
+
+
+def shard_prefix(namespace: str, batch_uid: str, shard_index: int) -> str:
+    """Output prefix of one shard's chunks and progress record."""
+    return f"{work_prefix(namespace, batch_uid)}/shards/{shard_index:05d}"
+
+
+def shard_spec_key(namespace: str, batch_uid: str, shard_index: int) -> str:
+    """The shard spec the executor pod reads."""
+    return f"{shard_prefix(namespace, batch_uid, shard_index)}/spec.json"
