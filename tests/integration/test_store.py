@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError, ResponseStreamingError
 
 from llmbatch.storage import (
     FilesystemStore,
@@ -590,3 +591,135 @@ def test_s3_credentials_from_secret_dir_with_kubernetes_names(
     store = open_store(s3_server.uri(s3_bucket, secret_dir=str(secret)))
     store.put("k", b"v")
     assert store.get("k") == b"v"
+
+
+class _FlakyBody:
+    """A StreamingBody stand-in that breaks after ``fail_after`` bytes."""
+
+    def __init__(self, body: Any, fail_after: int) -> None:
+        self.body, self.fail_after = body, fail_after
+
+    def iter_chunks(self, chunk_size: int) -> Iterator[bytes]:
+        sent = 0
+        for chunk in self.body.iter_chunks(min(chunk_size, 1000)):
+            if sent + len(chunk) > self.fail_after:
+                raise ResponseStreamingError(error="connection reset by peer")
+            sent += len(chunk)
+            yield chunk
+
+    def close(self) -> None:
+        self.body.close()
+
+
+def test_s3_stream_resumes_after_a_dropped_connection(
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _pattern(100_000)
+    s3_store.put("flaky", data)
+    calls: list[dict[str, Any]] = []
+    original: Callable[..., Any] = s3_store.client.get_object
+
+    def get_object(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        response = original(**kwargs)
+        if len(calls) < 3:  # the first two connections drop
+            response["Body"] = _FlakyBody(response["Body"], fail_after=30_000)
+        return response
+
+    monkeypatch.setattr(s3_store.client, "get_object", get_object)
+    assert s3_store.get("flaky", 10) == data[10:]
+    assert [c.get("Range") for c in calls] == [
+        "bytes=10-",
+        "bytes=30010-99999",
+        "bytes=60010-99999",
+    ]
+    assert all(c.get("IfMatch") for c in calls[1:])  # resumed on the same object version
+
+
+def test_s3_stream_gives_up_after_max_attempts(
+    s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(s3_server.uri(s3_bucket, max_attempts=2))
+    assert isinstance(store, S3Store)
+    store.put("flaky", _pattern(50_000))
+    original: Callable[..., Any] = store.client.get_object
+
+    def get_object(**kwargs: Any) -> Any:
+        response = original(**kwargs)
+        response["Body"] = _FlakyBody(response["Body"], fail_after=10_000)
+        return response
+
+    monkeypatch.setattr(store.client, "get_object", get_object)
+    with pytest.raises(StoreError, match="stream failed"):
+        store.get("flaky")
+
+
+def test_s3_probe_detects_ignored_if_none_match(
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = s3_store.client.put_object
+
+    def put_object(**kwargs: Any) -> Any:
+        kwargs.pop("IfNoneMatch", None)  # a server that silently ignores the header
+        return original(**kwargs)
+
+    monkeypatch.setattr(s3_store.client, "put_object", put_object)
+    assert s3_store.uses_native_conditional_writes() is False
+    s3_store.put("k", b"1", if_absent=True)
+    with pytest.raises(ObjectExists):  # the head-then-put fallback
+        s3_store.put("k", b"2", if_absent=True)
+    assert s3_store.get("k") == b"1"
+
+
+def test_s3_probe_detects_not_implemented(
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = s3_store.client.put_object
+
+    def put_object(**kwargs: Any) -> Any:
+        if "IfNoneMatch" in kwargs:
+            raise ClientError({"Error": {"Code": "NotImplemented", "Message": "nope"}}, "PutObject")
+        return original(**kwargs)
+
+    monkeypatch.setattr(s3_store.client, "put_object", put_object)
+    assert s3_store.uses_native_conditional_writes() is False
+    assert list(s3_store.list("")) == []  # probe cleaned up
+
+
+def test_s3_complete_without_conditional_support_falls_back(
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert s3_store.uses_native_conditional_writes()
+    original = s3_store.client.complete_multipart_upload
+
+    def complete(**kwargs: Any) -> Any:
+        if "IfNoneMatch" in kwargs:
+            raise ClientError({"Error": {"Code": "NotImplemented"}}, "CompleteMultipartUpload")
+        return original(**kwargs)
+
+    monkeypatch.setattr(s3_store.client, "complete_multipart_upload", complete)
+    data = _pattern(9 * MIB)
+    s3_store.put("mp", data, if_absent=True)
+    assert s3_store.get("mp") == data
+    with pytest.raises(ObjectExists):
+        s3_store.put("mp", data, if_absent=True)
+
+
+def test_s3_source_deleted_during_compose(
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3_store.put("g/0", _pattern(5 * MIB))
+    s3_store.put("g/1", _pattern(5 * MIB, 1))
+    original = s3_store.client.upload_part_copy
+
+    def copy(**kwargs: Any) -> Any:
+        if kwargs["PartNumber"] == 2:
+            s3_store.delete("g/1")  # a chunk vanishes after planning
+        return original(**kwargs)
+
+    monkeypatch.setattr(s3_store.client, "upload_part_copy", copy)
+    with pytest.raises(ObjectNotFound) as excinfo:
+        s3_store.compose("g/out", ["g/0", "g/1"])
+    assert excinfo.value.key == "g/1"
+    assert s3_store.head("g/out") is None
+    assert s3_store.client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads", []) == []

@@ -267,6 +267,8 @@ class S3Store(ObjectStore):
         extra: dict[str, str],
         expected: str | None,
     ) -> ObjectInfo:
+        if extra and self.head(key) is not None:
+            raise ObjectExists(key)  # fail before uploading parts that could never be completed
         metadata = {_METADATA_SHA256: expected} if expected else {}
         upload_id = self._call(
             "put",
