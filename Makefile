@@ -61,8 +61,11 @@ test: $(TEST_PREREQS)
 	$(MAKE) verify
 	$(BIN)/pytest tests $(PYTEST_ARGS)
 
-demo: venv
+demo: venv vllm models
 	$(BIN)/llmbatch validate examples/seed000-requests.jsonl --endpoint /v1/chat/completions
+	VLLM_LOGGING_LEVEL=WARNING $(BIN)/llmbatch run examples/seed000-requests.jsonl \
+		-o $(CACHE)/demo/seed000-output.jsonl -e $(CACHE)/demo/seed000-errors.jsonl \
+		--model smollm2 --print-results
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

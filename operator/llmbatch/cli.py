@@ -10,6 +10,8 @@ import click
 # `llmbatch validate` never pays for importing vLLM or the Kubernetes client.
 _SUBCOMMANDS: dict[str, str] = {
     "validate": "llmbatch.commands.validate:validate",
+    "run": "llmbatch.commands.run:run",
+    "models": "llmbatch.commands.models:models",
 }
 
 

@@ -1,0 +1,287 @@
+"""Result chunks and the progress record of one shard.
+
+Layout under the shard's ``output_prefix`` (``P``)::
+
+    P/output-00000.jsonl   successful result lines (status 2xx)      immutable, created if absent
+    P/output-00001.jsonl   ...
+    P/errors-00000.jsonl   error lines (status >= 400, bad input lines)
+    P/progress.json        summary the operator reads (rewritten after every chunk)
+
+Each chunk object is created once (``if_absent``) and never changed, so a chunk is either wholly
+committed or absent. The chunk objects are the truth; ``progress.json`` is a summary that can lag
+one chunk behind them after a crash. A restarted executor lists the chunks, collects the
+custom_ids they hold and skips those requests: nothing is done twice, nothing is lost.
+
+Two executors running the same shard at once (a replaced pod still terminating) are safe too:
+when a chunk name is taken, the writer reads every chunk it has not seen, drops the results the
+other one already committed, and takes the next free number.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmbatch.storage.base import ObjectExists, ObjectStore
+
+ChunkKind = Literal["output", "errors"]
+PROGRESS_NAME = "progress.json"
+PROGRESS_VERSION = 1
+_CHUNK_NAME = re.compile(r"^(output|errors)-(\d{5,})\.jsonl$")
+
+
+def chunk_key(prefix: str, kind: ChunkKind, seq: int) -> str:
+    return f"{prefix}/{kind}-{seq:05d}.jsonl"
+
+
+def parse_chunk_key(prefix: str, key: str) -> tuple[ChunkKind, int] | None:
+    """(kind, seq) of a chunk key directly under ``prefix``, else None."""
+    if not key.startswith(prefix + "/"):
+        return None
+    match = _CHUNK_NAME.match(key[len(prefix) + 1 :])
+    if match is None:
+        return None
+    kind: ChunkKind = "output" if match.group(1) == "output" else "errors"
+    return kind, int(match.group(2))
+
+
+class ChunkRecord(BaseModel):
+    """One committed chunk object."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    key: str
+    kind: ChunkKind
+    seq: int
+    lines: int
+    bytes: int
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+class Progress(BaseModel):
+    """``progress.json``: what the operator folds into the Batch status."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: int = PROGRESS_VERSION
+    batch_id: str
+    shard_index: int
+    state: Literal["running", "done", "preempted", "engine_failed", "failed"] = "running"
+    done: bool = Field(default=False, description="Every request of the range has a result.")
+    completed: int = Field(default=0, description="Lines in output chunks (successes).")
+    failed: int = Field(default=0, description="Lines in error chunks.")
+    input_tokens: int = Field(default=0, description="Prompt tokens of the successes.")
+    output_tokens: int = Field(default=0, description="Completion tokens of the successes.")
+    total_tokens: int = 0
+    chunks: list[ChunkRecord] = Field(default_factory=list)
+    message: str | None = Field(default=None, description="Why the shard stopped, if not done.")
+    started_at: float = 0.0
+    updated_at: float = 0.0
+    attempts: int = Field(default=1, description="Executor runs that worked on this shard.")
+
+
+@dataclass
+class ResultLine:
+    """One serialized output/error line, ready for a chunk."""
+
+    custom_id: str
+    data: bytes
+    ok: bool
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+def usage_of(body: dict[str, Any]) -> tuple[int, int, int]:
+    """(input, output, total) tokens of a response body's ``usage`` (zeros when absent)."""
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return 0, 0, 0
+    prompt = usage.get("prompt_tokens") or usage.get("input_tokens") or 0
+    completion = usage.get("completion_tokens") or usage.get("output_tokens") or 0
+    total = usage.get("total_tokens") or (prompt + completion)
+    ints = [v if isinstance(v, int) else 0 for v in (prompt, completion, total)]
+    return ints[0], ints[1], ints[2]
+
+
+def result_line(
+    *,
+    line_id: str,
+    custom_id: str,
+    status_code: int,
+    request_id: str,
+    body: dict[str, Any],
+) -> ResultLine:
+    """The contract's output line ``{"id","custom_id","response":{...},"error":null}``."""
+    data = orjson.dumps(
+        {
+            "id": line_id,
+            "custom_id": custom_id,
+            "response": {"status_code": status_code, "request_id": request_id, "body": body},
+            "error": None,
+        }
+    )
+    ok = 200 <= status_code < 300
+    tokens = usage_of(body) if ok else (0, 0, 0)
+    return ResultLine(custom_id, data + b"\n", ok, *tokens)
+
+
+@dataclass
+class _Pending:
+    lines: list[ResultLine] = field(default_factory=list)
+
+
+class ShardResults:
+    """The committed chunks of one shard plus the results not yet committed.
+
+    Synchronous (store calls block); the async runner calls it through ``asyncio.to_thread``
+    under one lock. ``add`` is cheap and may be called from the event loop at any time.
+    """
+
+    def __init__(self, store: ObjectStore, prefix: str, *, batch_id: str, shard_index: int) -> None:
+        self.store = store
+        self.prefix = prefix.rstrip("/")
+        self.progress = Progress(batch_id=batch_id, shard_index=shard_index)
+        self.done_ids: set[str] = set()
+        self._known: dict[str, ChunkRecord] = {}
+        self._next_seq: dict[ChunkKind, int] = {"output": 0, "errors": 0}
+        self._pending: dict[ChunkKind, _Pending] = {"output": _Pending(), "errors": _Pending()}
+
+    # --- reading what is committed -------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Read every committed chunk and the previous progress record (call once at start)."""
+        previous = self._read_progress()
+        now = time.time()
+        self.progress.started_at = previous.started_at if previous else now
+        self.progress.attempts = previous.attempts + 1 if previous else 1
+        self._scan()
+
+    def _read_progress(self) -> Progress | None:
+        key = f"{self.prefix}/{PROGRESS_NAME}"
+        if self.store.head(key) is None:
+            return None
+        try:
+            return Progress.model_validate_json(self.store.get(key))
+        except ValueError:
+            return None
+
+    def _scan(self) -> set[str]:
+        """Read chunks not seen yet; return the custom_ids they hold."""
+        found: set[str] = set()
+        for info in self.store.list(self.prefix + "/"):
+            parsed = parse_chunk_key(self.prefix, info.key)
+            if parsed is None or info.key in self._known:
+                continue
+            kind, seq = parsed
+            record = ChunkRecord(key=info.key, kind=kind, seq=seq, lines=0, bytes=info.size)
+            for raw in self.store.get(info.key).splitlines():
+                if not raw.strip():
+                    continue
+                line = orjson.loads(raw)
+                found.add(line["custom_id"])
+                record.lines += 1
+                if kind == "output":
+                    response = line.get("response") or {}
+                    i, o, t = usage_of(response.get("body") or {})
+                    record.input_tokens += i
+                    record.output_tokens += o
+                    record.total_tokens += t
+            self._known[info.key] = record
+            self._next_seq[kind] = max(self._next_seq[kind], seq + 1)
+        self.done_ids |= found
+        self._recount()
+        return found
+
+    def _recount(self) -> None:
+        p = self.progress
+        records = sorted(self._known.values(), key=lambda r: (r.kind, r.seq))
+        p.chunks = records
+        p.completed = sum(r.lines for r in records if r.kind == "output")
+        p.failed = sum(r.lines for r in records if r.kind == "errors")
+        p.input_tokens = sum(r.input_tokens for r in records)
+        p.output_tokens = sum(r.output_tokens for r in records)
+        p.total_tokens = sum(r.total_tokens for r in records)
+
+    # --- adding and committing -----------------------------------------------------------------
+
+    def add(self, line: ResultLine) -> None:
+        self._pending["output" if line.ok else "errors"].lines.append(line)
+
+    @property
+    def pending_count(self) -> int:
+        return sum(len(p.lines) for p in self._pending.values())
+
+    def take_pending(self) -> dict[ChunkKind, list[ResultLine]]:
+        """Detach the uncommitted lines (call in the event loop, then :meth:`commit` them)."""
+        taken = {kind: p.lines for kind, p in self._pending.items()}
+        self._pending = {"output": _Pending(), "errors": _Pending()}
+        return taken
+
+    def commit(self, batch: dict[ChunkKind, list[ResultLine]]) -> None:
+        """Write each non-empty kind as a new chunk, then rewrite the progress record."""
+        wrote = False
+        for kind in ("output", "errors"):
+            lines = batch.get(kind) or []
+            while lines:
+                seq = self._next_seq[kind]
+                key = chunk_key(self.prefix, kind, seq)
+                data = b"".join(line.data for line in lines)
+                try:
+                    info = self.store.put(key, data, if_absent=True)
+                except ObjectExists:
+                    # Another executor committed this number: adopt its chunks, drop duplicates.
+                    taken = self._scan()
+                    lines = [line for line in lines if line.custom_id not in taken]
+                    for other in ("output", "errors"):
+                        rest = batch.get(other) or []
+                        batch[other] = [line for line in rest if line.custom_id not in taken]
+                    continue
+                self._known[key] = ChunkRecord(
+                    key=key,
+                    kind=kind,
+                    seq=seq,
+                    lines=len(lines),
+                    bytes=info.size,
+                    input_tokens=sum(line.input_tokens for line in lines),
+                    output_tokens=sum(line.output_tokens for line in lines),
+                    total_tokens=sum(line.total_tokens for line in lines),
+                )
+                self._next_seq[kind] = seq + 1
+                wrote = True
+                lines = []
+        if wrote:
+            self._recount()
+            self.write_progress()
+
+    def write_progress(self, **changes: Any) -> None:
+        for name, value in changes.items():
+            setattr(self.progress, name, value)
+        self.progress.updated_at = time.time()
+        self.store.put(f"{self.prefix}/{PROGRESS_NAME}", self.progress.model_dump_json().encode())
+
+
+def read_progress(store: ObjectStore, prefix: str) -> Progress | None:
+    """The progress record of the shard at ``prefix`` (for the operator), or None."""
+    key = f"{prefix.rstrip('/')}/{PROGRESS_NAME}"
+    if store.head(key) is None:
+        return None
+    return Progress.model_validate_json(store.get(key))
+
+
+def list_chunks(store: ObjectStore, prefix: str, kind: ChunkKind) -> list[str]:
+    """Keys of the committed chunks of ``kind`` under ``prefix``, in commit order."""
+    prefix = prefix.rstrip("/")
+    found: list[tuple[int, str]] = []
+    for info in store.list(prefix + "/"):
+        parsed = parse_chunk_key(prefix, info.key)
+        if parsed is not None and parsed[0] == kind:
+            found.append((parsed[1], info.key))
+    return [key for _, key in sorted(found)]

@@ -1,0 +1,242 @@
+"""A deterministic stand-in engine for control-plane load tests. Never a default.
+
+Answers have the exact OpenAI shapes of the three endpoints and mark themselves with
+``"system_fingerprint": "llmbatch-simulated"``; the same request always gets the same answer.
+Latency, throughput and failures are configurable (engine args, see :class:`SimulatedArgs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmbatch.executor.engines.base import (
+    Engine,
+    EngineConfigError,
+    EngineDead,
+    EngineRequest,
+    EngineResult,
+    error_body,
+)
+
+FINGERPRINT = "llmbatch-simulated"
+_WORDS = (
+    "batch",
+    "inference",
+    "runs",
+    "requests",
+    "asynchronously",
+    "within",
+    "a",
+    "window",
+    "and",
+    "returns",
+    "results",
+    "matched",
+    "by",
+    "custom",
+    "id",
+    "so",
+    "clients",
+    "can",
+    "join",
+    "answers",
+    "back",
+    "to",
+    "their",
+    "data",
+)
+
+
+class SimulatedArgs(BaseModel):
+    """Engine args of the simulated engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: int = Field(default=32, ge=1)
+    latency_seconds: float = Field(default=0.0, ge=0, description="Fixed time per request.")
+    tokens_per_second: float | None = Field(
+        default=None, gt=0, description="Per-request decode speed; None: instant."
+    )
+    default_output_tokens: int = Field(default=16, ge=1)
+    embedding_dim: int = Field(default=8, ge=1)
+    max_model_len: int = Field(default=4096, ge=1)
+    fail_pattern: str | None = Field(
+        default=None, description="custom_ids matching this regex get fail_status."
+    )
+    fail_rate: float = Field(default=0.0, ge=0, le=1, description="Share of requests failing.")
+    fail_status: int = Field(default=500, ge=400, le=599)
+    seed: int = 0
+    die_after: int | None = Field(
+        default=None, ge=0, description="The engine dies after answering this many requests."
+    )
+    hang_after: int | None = Field(
+        default=None, ge=0, description="Requests after this many never get an answer."
+    )
+    created: int = Field(default=1_700_000_000, description="`created` of every answer.")
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
+
+
+def _count_tokens(value: Any) -> int:
+    """A rough token count of any JSON value: words of its strings, at least 1."""
+    if isinstance(value, str):
+        return max(1, len(value.split()))
+    if isinstance(value, list):
+        return sum(_count_tokens(v) for v in value) or 1
+    if isinstance(value, dict):
+        return sum(_count_tokens(v) for v in value.values()) or 1
+    return 1
+
+
+class SimulatedEngine(Engine):
+    name = "simulated"
+
+    def __init__(self, args: dict[str, Any], served_names: list[str]) -> None:
+        try:
+            self.args = SimulatedArgs.model_validate(args)
+            self._fail_re = re.compile(self.args.fail_pattern) if self.args.fail_pattern else None
+        except (ValueError, re.error) as exc:
+            raise EngineConfigError(f"simulated engine args: {exc}") from exc
+        self.served_names = served_names
+        self.answered = 0
+        self._dead: str | None = None
+        self._hang = asyncio.Event()
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.args.max_num_seqs
+
+    async def start(self) -> None:
+        return None
+
+    def dead_reason(self) -> str | None:
+        return self._dead
+
+    async def close(self) -> None:
+        return None
+
+    def _should_fail(self, custom_id: str) -> bool:
+        if self._fail_re is not None and self._fail_re.search(custom_id):
+            return True
+        if self.args.fail_rate > 0:
+            rng = random.Random(_digest(str(self.args.seed), custom_id))
+            return rng.random() < self.args.fail_rate
+        return False
+
+    async def handle(self, request: EngineRequest) -> EngineResult:
+        a = self.args
+        if self._dead is not None:
+            raise EngineDead(self._dead)
+        if a.hang_after is not None and self.answered >= a.hang_after:
+            await self._hang.wait()  # never set: a hung engine
+        body = request.body
+        model = body.get("model")
+        if model not in self.served_names:
+            msg = f"The model `{model}` does not exist."
+            return EngineResult(404, error_body(msg, status_code=404, param="model"))
+        if self._should_fail(request.custom_id):
+            msg = f"Simulated failure for {request.custom_id}."
+            return EngineResult(a.fail_status, error_body(msg, status_code=a.fail_status))
+        if request.url == "/v1/embeddings":
+            result = self._embeddings(request, str(model))
+        else:
+            result = self._generate(request, str(model))
+        if result.ok:
+            seconds = a.latency_seconds
+            if a.tokens_per_second:
+                seconds += result.body["usage"].get("completion_tokens", 0) / a.tokens_per_second
+            if seconds:
+                await asyncio.sleep(seconds)
+        self.answered += 1
+        if a.die_after is not None and self.answered >= a.die_after:
+            self._dead = f"simulated engine death after {self.answered} requests"
+        return result
+
+    def _generate(self, request: EngineRequest, model: str) -> EngineResult:
+        a = self.args
+        body = request.body
+        chat = request.url == "/v1/chat/completions"
+        prompt: Any = body.get("messages") if chat else body.get("prompt")
+        if not prompt:
+            field = "messages" if chat else "prompt"
+            msg = f"`{field}` is required."
+            return EngineResult(400, error_body(msg, status_code=400, param=field))
+        prompt_tokens = _count_tokens(prompt)
+        if prompt_tokens > a.max_model_len:
+            msg = (
+                f"This model's maximum context length is {a.max_model_len} tokens. However, "
+                f"your request has {prompt_tokens} input tokens."
+            )
+            return EngineResult(400, error_body(msg, status_code=400, param="messages"))
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        want = a.default_output_tokens
+        n = min(int(limit), want) if isinstance(limit, int) and limit > 0 else want
+        seed = _digest(request.custom_id, model)
+        words = [_WORDS[int(seed[i % 64], 16) % len(_WORDS)] for i in range(n)]
+        text = " ".join(words)
+        finish = "length" if isinstance(limit, int) and limit <= want else "stop"
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": prompt_tokens + n,
+        }
+        common = {"created": a.created, "model": model, "system_fingerprint": FINGERPRINT}
+        if chat:
+            return EngineResult(
+                200,
+                {
+                    "id": "chatcmpl-sim-" + seed[:24],
+                    "object": "chat.completion",
+                    **common,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "logprobs": None,
+                            "finish_reason": finish,
+                        }
+                    ],
+                    "usage": usage,
+                },
+            )
+        return EngineResult(
+            200,
+            {
+                "id": "cmpl-sim-" + seed[:24],
+                "object": "text_completion",
+                **common,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+                "usage": usage,
+            },
+        )
+
+    def _embeddings(self, request: EngineRequest, model: str) -> EngineResult:
+        raw = request.body.get("input")
+        if raw is None or raw == "" or raw == []:
+            msg = "`input` is required."
+            return EngineResult(400, error_body(msg, status_code=400, param="input"))
+        inputs: list[Any] = raw if isinstance(raw, list) else [raw]
+        data = []
+        for i, item in enumerate(inputs):
+            rng = random.Random(_digest(str(item), model))
+            vector = [round(rng.uniform(-1, 1), 6) for _ in range(self.args.embedding_dim)]
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        tokens = _count_tokens(inputs)
+        return EngineResult(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "system_fingerprint": FINGERPRINT,
+            },
+        )

@@ -1,0 +1,262 @@
+"""In-process vLLM, driven through vLLM's own OpenAI serving layer.
+
+This is the path ``vllm run-batch`` takes (``vllm/entrypoints/launchers/run_batch.py``): vLLM's
+argument parser gives the full argument namespace, ``build_async_engine_client`` starts the engine
+(``AsyncLLM``; its engine core runs in a child process), ``init_app_state`` builds the serving
+objects (``OpenAIServingChat``, ``OpenAIServingCompletion``, ``ServingEmbedding``), and every
+request body goes through them, so response bodies are exactly what ``vllm serve`` answers. Unlike
+``run-batch`` we also serve ``/v1/completions``, stream results as they finish and notice engine
+death instead of writing a 500 for every remaining row.
+
+vLLM is untyped and heavy (~15 s to import): it is imported only inside :meth:`VllmEngine.start`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from llmbatch.executor.engines.base import (
+    Engine,
+    EngineConfigError,
+    EngineDead,
+    EngineRequest,
+    EngineResult,
+    error_body,
+)
+from llmbatch.executor.spec import ModelRef
+
+log = logging.getLogger("llmbatch.executor.vllm")
+
+#: Environment the CPU build needs; set (if unset) before vLLM is imported.
+CPU_ENV: dict[str, str] = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache; the default asks for far more memory
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_TARGET_DEVICE": "cpu",
+}
+#: Environment every run gets (if unset): weights come from local folders, never from a hub.
+COMMON_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+#: Engine args applied on the CPU platform unless the spec sets them. Chunked prefill stays off:
+#: with it, a per-request `seed` kills the CPU engine ("CPU Generator does not use offset").
+CPU_ENGINE_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "max_model_len": 2048,
+    "max_num_seqs": 32,
+    "enable_chunked_prefill": False,
+    "max_num_batched_tokens": 8192,
+}
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's own default when the spec does not say
+
+
+def _load(module: str, *names: str) -> Any:
+    """``module.name...`` loaded dynamically: vLLM is untyped and optional."""
+    loaded: Any = importlib.import_module(module)
+    for name in names:
+        loaded = getattr(loaded, name)
+    return loaded
+
+
+def engine_argv(model: ModelRef, served_names: list[str], args: dict[str, Any]) -> list[str]:
+    """vLLM command-line arguments for ``model`` and the engine ``args`` (Python names)."""
+    argv = ["--model", model.path, "--served-model-name", *served_names]
+    for name, value in args.items():
+        if name in ("model", "served_model_name"):
+            raise EngineConfigError(f"engine arg {name!r} is set by the spec's model")
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + name.replace("_", "-"))
+        elif isinstance(value, list | tuple):
+            argv.extend([flag, *(str(v) for v in value)])
+        elif isinstance(value, dict):
+            argv.extend([flag, json.dumps(value)])
+        else:
+            argv.extend([flag, str(value)])
+    return argv
+
+
+def is_cpu_platform() -> bool:
+    """True when this vLLM build targets the CPU (the ``vllm-cpu`` distribution)."""
+    from importlib import metadata
+
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        return True
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, args: dict[str, Any], model: ModelRef, served_names: list[str]) -> None:
+        self.model = model
+        self.served_names = served_names
+        self.cpu = is_cpu_platform()
+        self.args = {**CPU_ENGINE_DEFAULTS, **args} if self.cpu else dict(args)
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+        self._chat: Any = None
+        self._completion: Any = None
+        self._embedding: Any = None
+        self._closed = False
+        self._api: dict[str, Any] = {}
+
+    @property
+    def max_num_seqs(self) -> int:
+        value = self.args.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)
+        return int(value)
+
+    async def start(self) -> None:
+        if not Path(self.model.path).exists():
+            raise EngineConfigError(f"model path not found: {self.model.path}")
+        for key, value in {**COMMON_ENV, **(CPU_ENV if self.cpu else {})}.items():
+            os.environ.setdefault(key, value)
+        argv = engine_argv(self.model, self.served_names, self.args)
+        log.info("starting vLLM: %s", " ".join(argv))
+
+        entry = "vllm.entrypoints.launchers.api_server.entry"
+        build_async_engine_client = _load(entry, "build_async_engine_client")
+        init_app_state = _load(entry, "init_app_state")
+        make_arg_parser = _load("vllm.entrypoints.launchers.run_batch", "make_arg_parser")
+        usage_context = _load("vllm.usage.usage_lib", "UsageContext", "OPENAI_BATCH_RUNNER")
+        parser_class = _load("vllm.utils.argparse_utils", "FlexibleArgumentParser")
+        state_class = _load("starlette.datastructures", "State")
+        self._api = {
+            "chat_request": _load(
+                "vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest"
+            ),
+            "completion_request": _load(
+                "vllm.entrypoints.openai.completion.protocol", "CompletionRequest"
+            ),
+            "embedding_request": _load(
+                "vllm.entrypoints.pooling.embed.protocol", "EmbeddingRequest"
+            ),
+            "error_response": _load("vllm.entrypoints.serve.engine.protocol", "ErrorResponse"),
+            "create_error_response": _load("vllm.entrypoints.serve", "create_error_response"),
+        }
+
+        parser = make_arg_parser(parser_class(prog="llmbatch-executor"))
+        try:
+            ns = parser.parse_args(["-i", "-", "-o", "-", *argv])
+        except SystemExit as exc:  # argparse reports and exits on a bad flag
+            raise EngineConfigError(f"vLLM rejected the engine args: {argv}") from exc
+        try:
+            client = await self._stack.enter_async_context(
+                build_async_engine_client(ns, usage_context=usage_context)
+            )
+        except (ValueError, TypeError, OSError) as exc:
+            await self._stack.aclose()
+            raise EngineConfigError(f"vLLM could not start: {exc}") from exc
+        self._client = client
+        supported = await client.get_supported_tasks()
+        state = state_class()
+        await init_app_state(client, state, ns, supported)
+        self._chat = getattr(state, "openai_serving_chat", None)
+        self._completion = getattr(state, "openai_serving_completion", None)
+        self._embedding = getattr(state, "serving_embedding", None)
+        log.info("vLLM ready; supported tasks: %s", supported)
+
+    def dead_reason(self) -> str | None:
+        client = self._client
+        if client is None or self._closed:
+            return None
+        try:
+            errored = bool(client.errored)
+        except Exception as exc:
+            return f"vLLM engine state unknown: {exc}"
+        if errored:
+            return "vLLM engine core died (EngineDeadError); see the executor log"
+        return None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._stack.aclose()
+        # Drop the serving objects and the client now, not at interpreter exit (vLLM's
+        # AsyncLLM.__del__ fails noisily when it runs during shutdown).
+        self._chat = self._completion = self._embedding = self._client = None
+        import gc
+
+        gc.collect()
+
+    async def handle(self, request: EngineRequest) -> EngineResult:
+        dead = self.dead_reason()
+        if dead is not None:
+            raise EngineDead(dead)
+        try:
+            response = await self._call(request)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            message = f"{first.get('msg')} ({param})" if param else str(first.get("msg"))
+            return EngineResult(400, error_body(message, status_code=400, param=param))
+        except Exception as exc:
+            response = self._api["create_error_response"](exc)
+        return self._result(response)
+
+    async def _call(self, request: EngineRequest) -> Any:
+        body = dict(request.body)
+        if request.url == "/v1/chat/completions":
+            if self._chat is None:
+                return self._unsupported(request.url)
+            body.setdefault("request_id", request.request_id)
+            return await self._chat.create_chat_completion(
+                self._api["chat_request"].model_validate(body)
+            )
+        if request.url == "/v1/completions":
+            if self._completion is None:
+                return self._unsupported(request.url)
+            body.setdefault("request_id", request.request_id)
+            completion = self._api["completion_request"].model_validate(body)
+            return await self._completion.create_completion(completion)
+        if request.url == "/v1/embeddings":
+            if self._embedding is None:
+                return self._unsupported(request.url)
+            embed = TypeAdapter(self._api["embedding_request"]).validate_python(body)
+            return await self._embedding(embed)
+        return self._unsupported(request.url)
+
+    def _unsupported(self, url: str) -> EngineResult:
+        message = f"The model {self.model.name} does not support {url}."
+        return EngineResult(400, error_body(message, status_code=400, param="url"))
+
+    def _result(self, response: Any) -> EngineResult:
+        if isinstance(response, EngineResult):
+            return response
+        if isinstance(response, self._api["error_response"]):
+            err = response.error
+            status = int(err.code)
+            body = error_body(err.message, status_code=status, param=err.param)
+            return EngineResult(status, body)
+        if isinstance(response, BaseModel):
+            return EngineResult(200, response.model_dump(mode="json"))
+        raw = getattr(response, "body", None)
+        if isinstance(raw, bytes | bytearray):  # a starlette Response (pooling endpoints)
+            status = int(getattr(response, "status_code", 200))
+            decoded = json.loads(raw)
+            if status >= 400 and isinstance(decoded.get("error"), dict):
+                err = decoded["error"]
+                decoded = error_body(
+                    str(err.get("message")), status_code=status, param=err.get("param")
+                )
+            return EngineResult(status, decoded)
+        message = "Streaming responses are not supported in batch."
+        return EngineResult(400, error_body(message, status_code=400, param="stream"))

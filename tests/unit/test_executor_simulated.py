@@ -1,0 +1,87 @@
+"""The simulated engine: deterministic, OpenAI-shaped, marked, with failure injection."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai.types
+import openai.types.chat
+import pytest
+
+from llmbatch.executor.engines import EngineConfigError, EngineRequest, create_engine
+from llmbatch.executor.engines.simulated import FINGERPRINT, SimulatedEngine
+from llmbatch.executor.spec import EngineSpec, ModelRef
+
+
+def _ask(engine: SimulatedEngine, url: str, body: dict[str, Any], cid: str = "c1") -> Any:
+    return asyncio.run(engine.handle(EngineRequest(cid, url, body, "req_x")))
+
+
+def test_chat_completion_and_embeddings_parse_with_the_sdk() -> None:
+    engine = SimulatedEngine({"embedding_dim": 5}, ["m"])
+    chat = _ask(
+        engine,
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 4},
+    )
+    parsed = openai.types.chat.ChatCompletion.model_validate(chat.body)
+    assert parsed.system_fingerprint == FINGERPRINT
+    assert parsed.usage is not None
+    assert parsed.usage.completion_tokens == 4
+    assert parsed.choices[0].finish_reason == "length"
+
+    completion = _ask(engine, "/v1/completions", {"model": "m", "prompt": "hello"})
+    assert openai.types.Completion.model_validate(completion.body).choices[0].text
+
+    emb = _ask(engine, "/v1/embeddings", {"model": "m", "input": ["x", "y"]})
+    parsed_emb = openai.types.CreateEmbeddingResponse.model_validate(emb.body)
+    assert [len(d.embedding) for d in parsed_emb.data] == [5, 5]
+
+
+def test_answers_are_deterministic() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "same"}]}
+    one = _ask(SimulatedEngine({}, ["m"]), "/v1/chat/completions", body)
+    two = _ask(SimulatedEngine({}, ["m"]), "/v1/chat/completions", body)
+    assert one == two
+
+
+def test_failure_injection_by_pattern_and_rate() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    engine = SimulatedEngine({"fail_pattern": "^bad-", "fail_status": 503}, ["m"])
+    assert _ask(engine, "/v1/chat/completions", body, "bad-1").status_code == 503
+    assert _ask(engine, "/v1/chat/completions", body, "good-1").status_code == 200
+
+    engine = SimulatedEngine({"fail_rate": 0.3, "seed": 1}, ["m"])
+    statuses = [_ask(engine, "/v1/chat/completions", body, f"r{i}").status_code for i in range(200)]
+    assert 30 < statuses.count(500) < 90
+    again = SimulatedEngine({"fail_rate": 0.3, "seed": 1}, ["m"])
+    assert statuses == [
+        _ask(again, "/v1/chat/completions", body, f"r{i}").status_code for i in range(200)
+    ]
+
+
+def test_bad_args_are_config_errors() -> None:
+    with pytest.raises(EngineConfigError):
+        SimulatedEngine({"no_such_arg": 1}, ["m"])
+    with pytest.raises(EngineConfigError):
+        SimulatedEngine({"fail_pattern": "("}, ["m"])
+    engine = create_engine(EngineSpec(name="simulated"), ModelRef(name="m", path="x"), ["m"])
+    assert engine.name == "simulated"
+    assert engine.max_num_seqs == 32
+
+
+def test_vllm_engine_args_become_flags() -> None:
+    from llmbatch.executor.engines.vllm import engine_argv
+
+    argv = engine_argv(
+        ModelRef(name="m", path="/p"),
+        ["m", "alias"],
+        {"max_num_seqs": 4, "enforce_eager": True, "enable_chunked_prefill": False, "x": None},
+    )
+    assert argv == [
+        "--model", "/p", "--served-model-name", "m", "alias",
+        "--max-num-seqs", "4", "--enforce-eager", "--no-enable-chunked-prefill",
+    ]  # fmt: skip
+    with pytest.raises(EngineConfigError):
+        engine_argv(ModelRef(name="m", path="/p"), ["m"], {"model": "other"})
