@@ -20,6 +20,7 @@ import pathlib
 import stat
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from typing import BinaryIO
 
 from llmbatch.storage.base import (
     RESERVED_SEGMENT_PREFIX,
@@ -212,19 +213,18 @@ class FilesystemStore(ObjectStore):
 
     # -- reads ------------------------------------------------------------------------------------
 
-    def _open(self, key: str) -> tuple[int, int]:
+    def _open(self, key: str) -> tuple[BinaryIO, int]:
         path = self._path(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
+            # A file object (not a bare fd) so a stream that is never iterated still gets closed.
+            file = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by _read_file
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise ObjectNotFound(key) from None
-        except IsADirectoryError:
-            raise ObjectNotFound(key) from None
-        st = os.fstat(fd)
+        st = os.fstat(file.fileno())
         if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
+            file.close()
             raise ObjectNotFound(key)
-        return fd, st.st_size
+        return file, st.st_size
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         return b"".join(self.iter_range(key, start, end))
@@ -235,23 +235,21 @@ class FilesystemStore(ObjectStore):
         check_range(start, end)
         if chunk_size <= 0:
             raise ValueError("chunk_size must be positive")
-        fd, size = self._open(key)  # eager: a missing key raises here, not on next()
+        file, size = self._open(key)  # eager: a missing key raises here, not on next()
         stop = size if end is None else min(end, size)
-        return self._read_fd(fd, min(start, stop), stop, chunk_size)
+        return self._read_file(file, min(start, stop), stop, chunk_size)
 
     @staticmethod
-    def _read_fd(fd: int, start: int, stop: int, chunk_size: int) -> Iterator[bytes]:
-        # The open fd keeps reading the same inode even if the key is replaced meanwhile.
-        try:
+    def _read_file(file: BinaryIO, start: int, stop: int, chunk_size: int) -> Iterator[bytes]:
+        # The open file keeps reading the same inode even if the key is replaced meanwhile.
+        with file:
             pos = start
             while pos < stop:
-                chunk = os.pread(fd, min(chunk_size, stop - pos), pos)
+                chunk = os.pread(file.fileno(), min(chunk_size, stop - pos), pos)
                 if not chunk:
                     raise IntegrityError(f"object truncated while reading at byte {pos}")
                 pos += len(chunk)
                 yield chunk
-        finally:
-            os.close(fd)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)

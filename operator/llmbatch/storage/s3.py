@@ -574,24 +574,25 @@ class S3Store(ObjectStore):
         # A dropped connection resumes from the current offset, pinned to the same object version.
         pos, stop = start, start + length
         failures = 0
-        while True:
-            try:
-                for chunk in body.iter_chunks(chunk_size):
-                    pos += len(chunk)
-                    yield chunk
-            except (BotoCoreError, OSError) as exc:
-                failures += 1
-                body.close()
-                if failures >= self.config.max_attempts:
-                    raise StoreError(f"get {key}: stream failed at byte {pos}: {exc}") from exc
-                log.info("get %s: resuming at byte %d after %s", key, pos, exc)
-                reopened = self._open_range(key, full, pos, stop, etag)
-                if reopened is None:
+        try:
+            while True:
+                try:
+                    for chunk in body.iter_chunks(chunk_size):
+                        pos += len(chunk)
+                        yield chunk
                     break
-                body = reopened[0]
-                continue
-            break
-        body.close()
+                except (BotoCoreError, OSError) as exc:
+                    failures += 1
+                    body.close()
+                    if failures >= self.config.max_attempts:
+                        raise StoreError(f"get {key}: stream failed at byte {pos}: {exc}") from exc
+                    log.info("get %s: resuming at byte %d after %s", key, pos, exc)
+                    reopened = self._open_range(key, full, pos, stop, etag)
+                    if reopened is None:
+                        break
+                    body = reopened[0]
+        finally:
+            body.close()
         if pos != stop:
             raise IntegrityError(f"get {key}: stream ended at byte {pos}, expected {stop}")
 
