@@ -88,9 +88,16 @@ def test_put_get_bytes(store: ObjectStore) -> None:
 def test_put_stream_and_overwrite(store: ObjectStore) -> None:
     store.put("k", iter([b"hello", b"", b" ", b"world"]))
     assert store.get("k") == b"hello world"
+    first = store.head("k")
     info = store.put("k", b"second")
     assert store.get("k") == b"second"
     assert info.size == 6
+    head = store.head("k")
+    assert first is not None
+    assert head is not None
+    assert info.etag is not None
+    assert head.etag == info.etag != first.etag  # etags tell versions apart
+    assert [i.etag for i in store.list("k")] == [info.etag]
 
 
 def test_put_empty_object(store: ObjectStore) -> None:

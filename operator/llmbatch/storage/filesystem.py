@@ -59,6 +59,11 @@ def _read_sha256(path: pathlib.Path) -> str | None:
         return None
 
 
+def _etag(st: os.stat_result) -> str:
+    """Changes whenever the key is rewritten (new inode) — like an S3 ETag, not a content hash."""
+    return f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"'
+
+
 def _write_sha256(fd: int, digest: str) -> None:
     if hasattr(os, "setxattr"):
         # Best effort: tmpfs before Linux 6.6, some network filesystems have no user xattrs.
@@ -121,12 +126,13 @@ class FilesystemStore(ObjectStore):
                     raise IntegrityError(f"put {key}: data sha256 {digest} != expected {sha256}")
                 _write_sha256(out.fileno(), digest)
                 os.fsync(out.fileno())
+                etag = _etag(os.fstat(out.fileno()))  # rename and link keep the inode
             self._publish(key, tmp, path, if_absent=if_absent)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         _fsync_dir(path.parent)
-        return ObjectInfo(key=key, size=size, sha256=digest)
+        return ObjectInfo(key=key, size=size, sha256=digest, etag=etag)
 
     def _create_temp(self, key: str, path: pathlib.Path) -> pathlib.Path:
         # A concurrent delete may remove the (empty) parent between mkdir and open: retry.
@@ -259,7 +265,7 @@ class FilesystemStore(ObjectStore):
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        return ObjectInfo(key=key, size=st.st_size, sha256=_read_sha256(path))
+        return ObjectInfo(key=key, size=st.st_size, sha256=_read_sha256(path), etag=_etag(st))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         if prefix.startswith("/") or "\\" in prefix or "\x00" in prefix:
@@ -293,7 +299,7 @@ class FilesystemStore(ObjectStore):
                     yield from self._walk(pathlib.Path(entry.path), prefix)
             elif key.startswith(prefix):
                 try:
-                    size = entry.stat(follow_symlinks=False).st_size
+                    st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # deleted while listing
-                yield ObjectInfo(key=key, size=size)
+                yield ObjectInfo(key=key, size=st.st_size, etag=_etag(st))
