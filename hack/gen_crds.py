@@ -26,9 +26,47 @@ def _dump(data: object) -> str:
     return yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
 
 
+# kopf's peering resource: replicas of the operator that share a peering name never act at once.
+PEERING_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "clusterkopfpeerings.kopf.dev"},
+    "spec": {
+        "scope": "Cluster",
+        "group": "kopf.dev",
+        "names": {
+            "kind": "ClusterKopfPeering",
+            "plural": "clusterkopfpeerings",
+            "singular": "clusterkopfpeering",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "description": "Operator replicas that see each other (kopf peering).",
+                        "properties": {
+                            "status": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
 def render() -> dict[pathlib.Path, str]:
     """Every generated file and its content."""
-    files: dict[pathlib.Path, str] = {}
+    files: dict[pathlib.Path, str] = {
+        CRD_DIR / "clusterkopfpeerings.kopf.dev.yaml": f"{MARKER}\n---\n{_dump(PEERING_CRD)}"
+    }
     for resource in RESOURCES:
         crd = build_crd(resource)
         name = crd["metadata"]["name"]

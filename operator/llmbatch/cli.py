@@ -12,6 +12,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "validate": "llmbatch.commands.validate:validate",
     "run": "llmbatch.commands.run:run",
     "models": "llmbatch.commands.models:models",
+    "operator": "llmbatch.commands.operator:operator",
 }
 
 

@@ -107,8 +107,10 @@ class BatchSpec(CRModel):
     """Id of the BatchFile (purpose batch) with the requests; exactly one of this and requests."""
     requests: Annotated[list[InlineRequest], Field(max_length=1000)] | None = None
     """Requests given inline; exactly one of this and inputFileID."""
-    completion_window: Annotated[str, StringConstraints(max_length=8, pattern=r"^[0-9]+h$")] = "24h"
-    """Time budget, e.g. 24h; the batch expires after it."""
+    completion_window: Annotated[
+        str, StringConstraints(max_length=8, pattern=r"^[1-9][0-9]{0,5}[smh]$")
+    ] = "24h"
+    """Time budget: 24h through the OpenAI API; kubectl users may give seconds or minutes."""
     priority: Tier = "standard"
     """Scheduling tier; expedited runs ahead of standard, flex last (metadata.tier=flex)."""
     model: ShortText | None = None
@@ -339,6 +341,15 @@ class Toleration(CRModel):
     """How long a NoExecute taint is tolerated."""
 
 
+class EnvVar(CRModel):
+    """An environment variable of shard pods (plain values only; secrets via storeSecretName)."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    """Variable name."""
+    value: Annotated[str, StringConstraints(max_length=4096)] = ""
+    """Variable value."""
+
+
 class ExecutorSpec(CRModel):
     """How shard pods run."""
 
@@ -350,6 +361,8 @@ class ExecutorSpec(CRModel):
     """vllm in production; simulated only for control-plane load tests."""
     engine_args: Annotated[list[ShortText], Field(max_length=64)] | None = None
     """Extra vLLM engine arguments, e.g. --max-num-seqs=64."""
+    env: Annotated[list[EnvVar], Field(max_length=64)] | None = None
+    """Extra environment of shard pods, e.g. VLLM_CPU_KVCACHE_SPACE."""
     cpu: Quantity | None = None
     """CPU request and limit of a shard pod."""
     memory: Quantity | None = None
@@ -440,6 +453,8 @@ class BatchPoolSpec(CRModel):
     """LowerPriority lets expedited shards suspend running standard/flex shards."""
     max_preemptions_per_shard: Annotated[int, Field(ge=0, le=100)] = 3
     """A shard is not preempted more often than this."""
+    scale_down_cooldown_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
+    """How long the wanted slot count must stay lower before slots are released."""
 
 
 class QueueDepth(CRModel):
@@ -464,6 +479,8 @@ class BatchPoolStatus(CRModel):
     """Backlog per tier."""
     throughput_per_slot: Decimal | None = None
     """Learned requests per second per slot."""
+    scale_down_since: int | None = None
+    """Unix seconds since the autoscaler has wanted fewer slots (scale-down cool-down)."""
     conditions: Conditions | None = None
     """Conditions."""
     observed_generation: int | None = None

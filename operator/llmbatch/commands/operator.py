@@ -1,0 +1,57 @@
+"""``llmbatch operator``: run the kopf operator."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+
+@click.command()
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Kubeconfig to use (default: in-cluster, then $KUBECONFIG).",
+)
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Watch only these tenant namespaces (default: the whole cluster).",
+)
+@click.option("--standalone", is_flag=True, help="Skip peering (a single replica, no peers).")
+@click.option(
+    "--liveness-port",
+    type=int,
+    default=8081,
+    show_default=True,
+    help="Port of the /healthz liveness endpoint (0: off).",
+)
+@click.option("--verbose", is_flag=True, help="Debug logging.")
+def operator(
+    kubeconfig: str | None,
+    namespaces: tuple[str, ...],
+    standalone: bool,
+    liveness_port: int,
+    verbose: bool,
+) -> None:
+    """Run the operator (settings from LLMBATCH_* environment variables; see docs/operations.md)."""
+    if kubeconfig:
+        os.environ["KUBECONFIG"] = os.path.abspath(kubeconfig)
+    import kopf
+
+    import llmbatch.controller.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        standalone=standalone,
+        peering_name=os.environ.get("LLMBATCH_PEERING", "llmbatch"),
+        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+    )

@@ -1,0 +1,768 @@
+"""The Batch reconciler: one idempotent step per call, all state on the object.
+
+``BatchReconciler.step`` reads the Batch, its Jobs and the store, takes the next step of the
+lifecycle and returns the status patch plus the Events to post. A kopf timer calls it every few
+seconds (level-based), and create/cancel handlers call it at once (edge-triggered speed-up), so a
+restarted operator simply continues: nothing is kept in memory but throttling timestamps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import yaml
+
+from llmbatch.api.resources import API_VERSION, BatchPoolSpec, BatchSpec
+from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
+from llmbatch.controller import metrics
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.finalize import ShardOutcome, merge_shard_outputs
+from llmbatch.controller.jobs import LABEL_BATCH_UID, build_shard_job
+from llmbatch.controller.kube import Kube
+from llmbatch.core import keys
+from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.lifecycle import TERMINAL, cost_of, set_condition, window_seconds
+from llmbatch.core.validation import (
+    ErrorCode,
+    InvalidLine,
+    ValidationLimits,
+    ValidationResult,
+    iter_lines,
+    validate_stream,
+)
+from llmbatch.storage.base import ObjectNotFound, ObjectStore
+from llmbatch.storage.shardresults import read_progress
+
+log = logging.getLogger(__name__)
+
+NAMESPACE_EXPEDITED_DISABLED = "llmbatch.io/expedited-disabled"
+FLEX_WINDOW = "72h"
+
+
+@dataclass
+class Step:
+    """What one reconcile step decided."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    """(type, reason, message) — type is Normal or Warning."""
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append(("Warning" if warning else "Normal", reason, message))
+
+
+class Rejected(Exception):
+    """Validation failed: the batch becomes ``failed`` with these errors."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors[0]["message"] if errors else "rejected")
+        self.errors = errors
+
+
+def _error(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"code": code, "message": message, "param": param, "line": None}
+
+
+def tier_of(spec: BatchSpec) -> str:
+    """expedited / standard / flex (flex is asked for through ``metadata.tier``)."""
+    if (spec.metadata or {}).get("tier") == "flex" or spec.priority == "flex":
+        return "flex"
+    return spec.priority
+
+
+def _created(meta: dict[str, Any]) -> int:
+    stamp = meta.get("creationTimestamp")
+    if not stamp:
+        return int(time.time())
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def engine_args(pool: BatchPoolSpec) -> dict[str, Any]:
+    """``--max-num-seqs=64`` style pool arguments as the executor's ``{max_num_seqs: 64}``."""
+    args: dict[str, Any] = {}
+    for item in pool.executor.engine_args or []:
+        name, _, value = item.lstrip("-").partition("=")
+        args[name.replace("-", "_")] = yaml.safe_load(value) if value else True
+    return args
+
+
+def _job_finished(job: dict[str, Any]) -> tuple[str | None, str]:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            return "Succeeded", ""
+        if cond.get("type") == "Failed":
+            return "Failed", cond.get("message") or cond.get("reason") or "Job failed"
+    return None, ""
+
+
+class BatchReconciler:
+    """Drives Batches through validating → in_progress → finalizing → terminal."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        config: OperatorConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self._last_progress: dict[str, float] = {}
+
+    # --- entry point ---------------------------------------------------------------------------
+
+    async def step(self, body: dict[str, Any]) -> Step:
+        meta = body["metadata"]
+        status = body.get("status") or {}
+        spec = BatchSpec.model_validate(body.get("spec") or {})
+        phase = status.get("status")
+        now = self.clock()
+        result = Step()
+        if phase is None:
+            self._initialise(meta, spec, result, now)
+        elif phase in TERMINAL:
+            await self._cleanup_jobs(meta, status)
+        elif phase == "validating":
+            if spec.cancel:
+                self._finish_without_running(status, result, now, "cancelled")
+            elif now >= status.get("expiresAt", now + 1):
+                self._finish_without_running(status, result, now, "expired")
+            else:
+                await self._validate(meta, spec, status, result, now)
+        elif phase == "in_progress":
+            if spec.cancel:
+                self._transition(
+                    result,
+                    status,
+                    "cancelling",
+                    now,
+                    "CancelRequested",
+                    "Cancel requested: stopping shard Jobs, keeping finished results",
+                )
+            elif now >= status.get("expiresAt", now + 1):
+                self._transition(
+                    result,
+                    status,
+                    "finalizing",
+                    now,
+                    "Expired",
+                    "Completion window passed: stopping shard Jobs",
+                )
+                result.status["conditions"] = set_condition(
+                    status.get("conditions"),
+                    "Expired",
+                    True,
+                    "WindowPassed",
+                    "The completion window passed before every request ran.",
+                    now,
+                )
+            else:
+                await self._run(meta, spec, status, result, now)
+        elif phase in ("cancelling", "finalizing"):
+            await self._finalize(meta, spec, status, result, now)
+        return result
+
+    # --- small helpers -------------------------------------------------------------------------
+
+    @staticmethod
+    def _transition(
+        result: Step, status: dict[str, Any], phase: str, now: float, reason: str, message: str
+    ) -> None:
+        result.status["status"] = phase
+        result.status[f"{_camel(phase)}At"] = int(now)
+        result.status["conditions"] = set_condition(
+            result.status.get("conditions", status.get("conditions")),
+            "Ready",
+            phase in TERMINAL,
+            reason,
+            message,
+            now,
+        )
+        result.event(reason, message, warning=phase in ("failed", "expired"))
+        metrics.BATCH_TRANSITIONS.labels(phase).inc()
+
+    def _initialise(self, meta: dict[str, Any], spec: BatchSpec, result: Step, now: float) -> None:
+        created = _created(meta)
+        window = spec.completion_window
+        if tier_of(spec) == "flex" and window == "24h":
+            window = FLEX_WINDOW
+        result.status.update(
+            status="validating",
+            createdAt=created,
+            expiresAt=created + window_seconds(window),
+            requestCounts={"total": 0, "completed": 0, "failed": 0},
+            observedGeneration=meta.get("generation"),
+        )
+        if spec.model:
+            result.status["model"] = spec.model
+        result.status["conditions"] = set_condition(
+            None, "Ready", False, "Validating", "Validating the input", now
+        )
+        result.event("Accepted", f"Batch {batch_id_from_name(meta['name'])} accepted; validating")
+        metrics.BATCH_TRANSITIONS.labels("validating").inc()
+
+    def _finish_without_running(
+        self, status: dict[str, Any], result: Step, now: float, phase: str
+    ) -> None:
+        if phase == "cancelled":
+            result.status["cancellingAt"] = int(now)
+        counts = status.get("requestCounts") or {}
+        total = counts.get("total", 0)
+        result.status["requestCounts"] = {"total": total, "completed": 0, "failed": total}
+        self._transition(
+            result, status, phase, now, phase.capitalize(), f"Batch {phase} before any request ran"
+        )
+
+    # --- validating ----------------------------------------------------------------------------
+
+    async def _validate(
+        self,
+        meta: dict[str, Any],
+        spec: BatchSpec,
+        status: dict[str, Any],
+        result: Step,
+        now: float,
+    ) -> None:
+        namespace, uid = meta["namespace"], meta["uid"]
+        started = time.perf_counter()
+        try:
+            input_key = await self._input_key(namespace, uid, spec)
+            model = await asyncio.to_thread(self._peek_model, input_key, spec.endpoint)
+            if model is None:
+                # No line names a model: report every problem the default limits find.
+                verdict = await asyncio.to_thread(
+                    self._run_validator, input_key, spec.endpoint, ValidationLimits(), 1000
+                )
+                if not verdict.ok:
+                    raise Rejected([e.as_dict() for e in verdict.errors])
+            pool_name, pool = await self._choose_pool(spec, model)
+            await self._check_tier(namespace, spec, pool_name, pool)
+            limits = ValidationLimits(
+                max_requests=pool.limits.max_requests,
+                max_bytes=pool.limits.max_bytes,
+                max_line_bytes=pool.limits.max_line_bytes,
+                require_output_token_limit=pool.limits.require_output_token_limit,
+            )
+            verdict = await asyncio.to_thread(
+                self._run_validator, input_key, spec.endpoint, limits, pool.shard_requests
+            )
+        except Rejected as rejected:
+            self._fail(result, status, rejected.errors, now)
+            return
+        finally:
+            metrics.VALIDATION_SECONDS.observe(time.perf_counter() - started)
+        if not verdict.ok:
+            errors = [e.as_dict() for e in verdict.errors]
+            self._fail(result, status, errors, now, total=verdict.request_count)
+            return
+        tier = tier_of(spec)
+        pricing = getattr(pool.tiers, tier).pricing.to_k8s()
+        result.status.update(
+            model=verdict.model,
+            pool=pool_name,
+            inputKey=input_key,
+            inputBytes=verdict.total_bytes,
+            requestCounts={"total": verdict.request_count, "completed": 0, "failed": 0},
+            pricing=pricing,
+            shards=[
+                {
+                    "index": s.index,
+                    "start": s.start,
+                    "end": s.end,
+                    "firstLine": s.first_line,
+                    "lineCount": s.line_count,
+                    "requestCount": s.request_count,
+                    "phase": "Pending",
+                }
+                for s in verdict.shards
+            ],
+        )
+        self._transition(
+            result,
+            status,
+            "in_progress",
+            now,
+            "Validated",
+            f"{verdict.request_count} requests for {verdict.model} in {len(verdict.shards)} "
+            f"shards on pool {pool_name}",
+        )
+
+    def _fail(
+        self,
+        result: Step,
+        status: dict[str, Any],
+        errors: list[dict[str, Any]],
+        now: float,
+        total: int = 0,
+    ) -> None:
+        result.status["errors"] = errors[:100]
+        result.status["requestCounts"] = {"total": total, "completed": 0, "failed": total}
+        first = errors[0] if errors else {"message": "invalid input"}
+        where = f" (line {first['line']})" if first.get("line") else ""
+        self._transition(
+            result,
+            status,
+            "failed",
+            now,
+            "ValidationFailed",
+            f"{len(errors)} validation error(s); first: {first['message']}{where}",
+        )
+
+    async def _input_key(self, namespace: str, uid: str, spec: BatchSpec) -> str:
+        if spec.requests is not None:
+            key = keys.inline_input_key(namespace, uid)
+            data = b"".join(
+                orjson.dumps(
+                    {"custom_id": r.custom_id, "method": r.method, "url": r.url, "body": r.body}
+                )
+                + b"\n"
+                for r in spec.requests
+            )
+            await asyncio.to_thread(self.store.put, key, data)
+            return key
+        file_id = spec.input_file_id or ""
+        batch_file = await self.kube.get_custom("batchfiles", namespace, file_id)
+        if batch_file is None:
+            raise Rejected([_error("invalid_file", f"No such file: {file_id}", "input_file_id")])
+        file_spec = batch_file.get("spec") or {}
+        if file_spec.get("purpose") != "batch":
+            raise Rejected(
+                [
+                    _error(
+                        "invalid_file_purpose",
+                        f"File {file_id} has purpose {file_spec.get('purpose')!r}, not 'batch'.",
+                        "input_file_id",
+                    )
+                ]
+            )
+        storage_key: str = file_spec["storageKey"]
+        if await asyncio.to_thread(self.store.head, storage_key) is None:
+            raise Rejected(
+                [_error("invalid_file", f"The bytes of {file_id} are gone.", "input_file_id")]
+            )
+        return storage_key
+
+    def _peek_model(self, key: str, endpoint: str) -> str | None:
+        """The model of the first readable line (chooses the pool whose limits then apply)."""
+        for _, raw in iter_lines(self.store.iter_range(key)):
+            try:
+                line = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            body = line.get("body") if isinstance(line, dict) else None
+            model = body.get("model") if isinstance(body, dict) else None
+            if isinstance(model, str) and model:
+                return model
+        return None
+
+    def _run_validator(
+        self, key: str, endpoint: str, limits: ValidationLimits, shard_requests: int
+    ) -> ValidationResult:
+        try:
+            return validate_stream(
+                self.store.iter_range(key),
+                endpoint=endpoint,
+                limits=limits,
+                shard_requests=shard_requests,
+            )
+        except ObjectNotFound as exc:
+            raise Rejected([_error("invalid_file", "The input file is gone.")]) from exc
+
+    async def _choose_pool(self, spec: BatchSpec, model: str | None) -> tuple[str, BatchPoolSpec]:
+        if model is None:
+            raise Rejected(
+                [
+                    InvalidLine(
+                        ErrorCode.MISSING_MODEL,
+                        "No line of the input names a model.",
+                        None,
+                        "body.model",
+                    ).as_dict()
+                ]
+            )
+        pools = await self.kube.list_custom("batchpools")
+        served: list[str] = []
+        for pool in pools:
+            pool_spec = BatchPoolSpec.model_validate(pool.get("spec") or {})
+            names = [m.name for m in pool_spec.models]
+            served += names
+            if spec.pool and pool["metadata"]["name"] != spec.pool:
+                continue
+            if model in names:
+                return pool["metadata"]["name"], pool_spec
+        where = f"pool {spec.pool!r}" if spec.pool else "any pool"
+        listing = ", ".join(sorted(set(served))) or "none"
+        raise Rejected(
+            [
+                _error(
+                    "model_not_found",
+                    f"Model {model!r} is not served by {where}. Served models: {listing}.",
+                    "body.model",
+                )
+            ]
+        )
+
+    async def _check_tier(
+        self, namespace: str, spec: BatchSpec, pool_name: str, pool: BatchPoolSpec
+    ) -> None:
+        if spec.priority != "expedited":
+            return
+        annotations = await self.kube.namespace_annotations(namespace)
+        if annotations.get(NAMESPACE_EXPEDITED_DISABLED, "").lower() == "true":
+            raise Rejected(
+                [
+                    _error(
+                        "expedited_not_allowed",
+                        "Expedited priority is disabled for this organization.",
+                        "priority",
+                    )
+                ]
+            )
+        if not pool.expedited_allowed:
+            raise Rejected(
+                [
+                    _error(
+                        "expedited_not_allowed",
+                        f"Pool {pool_name} does not accept expedited batches.",
+                        "priority",
+                    )
+                ]
+            )
+
+    # --- in_progress ---------------------------------------------------------------------------
+
+    async def _pool(self, name: str) -> BatchPoolSpec:
+        pool = await self.kube.get_custom("batchpools", None, name)
+        if pool is None:
+            raise RuntimeError(f"pool {name} is gone")
+        return BatchPoolSpec.model_validate(pool.get("spec") or {})
+
+    async def _run(
+        self,
+        meta: dict[str, Any],
+        spec: BatchSpec,
+        status: dict[str, Any],
+        result: Step,
+        now: float,
+    ) -> None:
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        pool_name = status["pool"]
+        pool = await self._pool(pool_name)
+        shards: list[dict[str, Any]] = [dict(s) for s in status.get("shards") or []]
+        jobs = {
+            int(job["metadata"]["labels"]["llmbatch.io/shard"]): job
+            for job in await self.kube.list_jobs(pool.worker_namespace, f"{LABEL_BATCH_UID}={uid}")
+        }
+        created = status.get("createdAt") or _created(meta)
+        for shard in shards:
+            index = shard["index"]
+            job = jobs.get(index)
+            if job is None and shard["phase"] not in ("Succeeded", "Failed"):
+                spec_key = keys.shard_spec_key(namespace, uid, index)
+                shard_spec = self._shard_spec(meta, spec, status, pool, shard)
+                await asyncio.to_thread(
+                    self.store.put, spec_key, shard_spec.model_dump_json().encode()
+                )
+                job = await self.kube.create_or_adopt_job(
+                    build_shard_job(
+                        config=self.config,
+                        pool_name=pool_name,
+                        pool=pool,
+                        batch_namespace=namespace,
+                        batch_name=name,
+                        batch_uid=uid,
+                        tier=tier_of(spec),
+                        created_at=created,
+                        shard_index=index,
+                        shard_requests=shard["requestCount"],
+                        spec_key=spec_key,
+                    )
+                )
+                shard["job"] = job["metadata"]["name"]
+            if job is not None:
+                self._observe_job(shard, job, pool_name)
+        if shards != status.get("shards"):
+            result.status["shards"] = shards
+        if all(s["phase"] in ("Succeeded", "Failed") for s in shards):
+            await self._fold_progress(meta, status, shards, result, now, force=True)
+            self._transition(
+                result,
+                status,
+                "finalizing",
+                now,
+                "ShardsFinished",
+                "Every shard finished; merging results",
+            )
+            return
+        await self._fold_progress(meta, status, shards, result, now)
+
+    def _shard_spec(
+        self,
+        meta: dict[str, Any],
+        spec: BatchSpec,
+        status: dict[str, Any],
+        pool: BatchPoolSpec,
+        shard: dict[str, Any],
+    ) -> ShardSpec:
+        model = next(m for m in pool.models if m.name == status["model"])
+        return ShardSpec(
+            batch_id=batch_id_from_name(meta["name"]),
+            batch_uid=meta["uid"],
+            shard_index=shard["index"],
+            endpoint=spec.endpoint,
+            store=self.config.executor_store_uri,
+            input_key=status["inputKey"],
+            start=shard["start"],
+            end=shard["end"],
+            first_line=shard["firstLine"],
+            output_prefix=keys.shard_prefix(meta["namespace"], meta["uid"], shard["index"]),
+            model=ModelRef(name=model.name, path=model.source),
+            engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
+        )
+
+    @staticmethod
+    def _observe_job(shard: dict[str, Any], job: dict[str, Any], pool_name: str) -> None:
+        shard["job"] = job["metadata"]["name"]
+        finished, message = _job_finished(job)
+        if finished is not None:
+            if shard["phase"] != finished:
+                job_status = job.get("status") or {}
+                start, end = job_status.get("startTime"), job_status.get("completionTime")
+                if start and end:
+                    seconds = calendar.timegm(time.strptime(end, "%Y-%m-%dT%H:%M:%SZ")) - (
+                        calendar.timegm(time.strptime(start, "%Y-%m-%dT%H:%M:%SZ"))
+                    )
+                    metrics.SHARD_RUN_SECONDS.labels(pool_name).observe(seconds)
+            shard["phase"] = finished
+            if message:
+                shard["message"] = message[:4096]
+            return
+        suspended = (job.get("spec") or {}).get("suspend")
+        active = (job.get("status") or {}).get("active") or 0
+        shard["phase"] = "Pending" if suspended else ("Running" if active else "Admitted")
+
+    async def _fold_progress(
+        self,
+        meta: dict[str, Any],
+        status: dict[str, Any],
+        shards: list[dict[str, Any]],
+        result: Step,
+        now: float,
+        *,
+        force: bool = False,
+    ) -> None:
+        uid = meta["uid"]
+        if not force and now - self._last_progress.get(uid, 0.0) < self.config.progress_interval:
+            return
+        self._last_progress[uid] = now
+        completed = failed = input_tokens = output_tokens = total_tokens = 0
+        for shard in shards:
+            prefix = keys.shard_prefix(meta["namespace"], uid, shard["index"])
+            progress = await asyncio.to_thread(read_progress, self.store, prefix)
+            if progress is None:
+                continue
+            shard["completed"], shard["failed"] = progress.completed, progress.failed
+            completed += progress.completed
+            failed += progress.failed
+            input_tokens += progress.input_tokens
+            output_tokens += progress.output_tokens
+            total_tokens += progress.total_tokens
+        counts = {
+            "total": (status.get("requestCounts") or {}).get("total", 0),
+            "completed": completed,
+            "failed": failed,
+        }
+        usage = {
+            "inputTokens": input_tokens,
+            "outputTokens": output_tokens,
+            "totalTokens": total_tokens,
+        }
+        if counts != status.get("requestCounts"):
+            result.status["requestCounts"] = counts
+        if any(usage[k] != (status.get("usage") or {}).get(k) for k in usage):
+            result.status["usage"] = usage
+        if shards != status.get("shards"):
+            result.status["shards"] = shards
+
+    # --- stopping and finalizing ---------------------------------------------------------------
+
+    async def _stop_jobs(self, meta: dict[str, Any], worker_namespace: str) -> bool:
+        """Delete the batch's Jobs; True once no shard process can still write."""
+        selector = f"{LABEL_BATCH_UID}={meta['uid']}"
+        for job in await self.kube.list_jobs(worker_namespace, selector):
+            if _job_finished(job)[0] is None:
+                await self.kube.delete_job(worker_namespace, job["metadata"]["name"])
+        pods = await self.kube.list_pods(worker_namespace, selector)
+        return all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+
+    async def _cleanup_jobs(self, meta: dict[str, Any], status: dict[str, Any]) -> None:
+        pool_name = status.get("pool")
+        if not pool_name:
+            return
+        pool = await self.kube.get_custom("batchpools", None, pool_name)
+        if pool is None:
+            return
+        worker_namespace = BatchPoolSpec.model_validate(pool["spec"]).worker_namespace
+        for job in await self.kube.list_jobs(worker_namespace, f"{LABEL_BATCH_UID}={meta['uid']}"):
+            await self.kube.delete_job(worker_namespace, job["metadata"]["name"])
+
+    async def _finalize(
+        self,
+        meta: dict[str, Any],
+        spec: BatchSpec,
+        status: dict[str, Any],
+        result: Step,
+        now: float,
+    ) -> None:
+        namespace, uid = meta["namespace"], meta["uid"]
+        pool = await self._pool(status["pool"])
+        if not await self._stop_jobs(meta, pool.worker_namespace):
+            return  # shard processes still flushing; next round
+        expired = any(
+            c.get("type") == "Expired" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        cancelled = status.get("status") == "cancelling"
+        never_run = "batch_cancelled" if cancelled else "batch_expired" if expired else None
+        outcomes = []
+        for shard in status.get("shards") or []:
+            code, reason = never_run or "shard_failed", ""
+            if never_run is None:
+                reason = shard.get("message") or "the shard did not finish"
+            outcomes.append(
+                ShardOutcome(
+                    index=shard["index"],
+                    prefix=keys.shard_prefix(namespace, uid, shard["index"]),
+                    start=shard["start"],
+                    end=shard["end"],
+                    first_line=shard["firstLine"],
+                    never_run_code=code,
+                    reason=reason,
+                )
+            )
+        output_id = keys.derived_file_id(uid, "output")
+        error_id = keys.derived_file_id(uid, "errors")
+        started = time.perf_counter()
+        merged = await asyncio.to_thread(
+            merge_shard_outputs,
+            self.store,
+            namespace=namespace,
+            batch_uid=uid,
+            input_key=status["inputKey"],
+            shards=outcomes,
+            output_key=keys.file_key(namespace, output_id),
+            error_key=keys.file_key(namespace, error_id),
+        )
+        metrics.FINALIZE_SECONDS.observe(time.perf_counter() - started)
+        retention = spec.output_expires_after_seconds or self.config.default_output_retention
+        batch_id = batch_id_from_name(meta["name"])
+        for file_id, key, size, lines, suffix in (
+            (output_id, merged.output_key, merged.output_bytes, merged.completed, "output"),
+            (error_id, merged.error_key, merged.error_bytes, merged.failed, "errors"),
+        ):
+            if key is None:
+                continue
+            await self.kube.create_or_adopt_custom(
+                "batchfiles",
+                namespace,
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "BatchFile",
+                    "metadata": {
+                        "name": file_id,
+                        "namespace": namespace,
+                        "labels": {LABEL_BATCH_UID: uid},
+                        "ownerReferences": [
+                            {
+                                "apiVersion": API_VERSION,
+                                "kind": "Batch",
+                                "name": meta["name"],
+                                "uid": uid,
+                                "controller": True,
+                                "blockOwnerDeletion": True,
+                            }
+                        ],
+                    },
+                    "spec": {
+                        "id": file_id,
+                        "bytes": size,
+                        "filename": f"{batch_id}_{suffix}.jsonl",
+                        "purpose": "batch_output",
+                        "storageKey": key,
+                        "lineCount": lines,
+                        "createdAt": int(now),
+                        "expiresAt": int(now) + retention,
+                    },
+                },
+            )
+        total = (status.get("requestCounts") or {}).get("total", 0)
+        usage = {
+            "inputTokens": merged.input_tokens,
+            "cachedTokens": merged.cached_tokens,
+            "outputTokens": merged.output_tokens,
+            "reasoningTokens": merged.reasoning_tokens,
+            "totalTokens": merged.total_tokens,
+        }
+        result.status.update(
+            requestCounts={"total": total, "completed": merged.completed, "failed": merged.failed},
+            usage=usage,
+            outputFileID=output_id if merged.output_key else None,
+            errorFileID=error_id if merged.error_key else None,
+        )
+        pricing = status.get("pricing")
+        if pricing:
+            result.status["cost"] = cost_of(
+                merged.input_tokens,
+                merged.output_tokens,
+                pricing.get("inputPerMillion", "0"),
+                pricing.get("outputPerMillion", "0"),
+            )
+        if merged.completed + merged.failed != total:
+            log.error("batch %s: %d + %d != %d", batch_id, merged.completed, merged.failed, total)
+        final = "cancelled" if cancelled else "expired" if expired else "completed"
+        if status.get("status") != "finalizing" or not status.get("finalizingAt"):
+            result.status["finalizingAt"] = int(now)
+        self._transition(
+            result,
+            status,
+            final,
+            now,
+            final.capitalize(),
+            f"{merged.completed} completed, {merged.failed} failed of {total}",
+        )
+        metrics.REQUESTS.labels("completed").inc(merged.completed)
+        metrics.REQUESTS.labels("failed").inc(merged.failed)
+        metrics.TOKENS.labels("input").inc(merged.input_tokens)
+        metrics.TOKENS.labels("output").inc(merged.output_tokens)
+        self._last_progress.pop(uid, None)
+
+    # --- deletion ------------------------------------------------------------------------------
+
+    async def delete(self, body: dict[str, Any]) -> None:
+        """Remove the batch's Jobs and work area (output files go with their BatchFiles)."""
+        meta = body["metadata"]
+        await self._cleanup_jobs(meta, body.get("status") or {})
+        prefix = keys.work_prefix(meta["namespace"], meta["uid"]) + "/"
+
+        def remove() -> None:
+            for info in list(self.store.list(prefix)):
+                self.store.delete(info.key)
+
+        await asyncio.to_thread(remove)
+        self._last_progress.pop(meta["uid"], None)
+
+
+def _camel(phase: str) -> str:
+    head, *rest = phase.split("_")
+    return head + "".join(part.capitalize() for part in rest)

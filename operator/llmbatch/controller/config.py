@@ -1,0 +1,56 @@
+"""Operator settings, read once from the environment (the Helm chart sets them)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the operator needs besides the cluster it talks to."""
+
+    store_uri: str
+    """Store the operator reads inputs from and writes results to."""
+    executor_store_uri: str
+    """The same store as executor pods reach it (may carry another secret_dir)."""
+    executor_command: tuple[str, ...] = ("python", "-m", "llmbatch.executor")
+    """Command of the executor container."""
+    reconcile_interval: float = 2.0
+    """Seconds between level-based reconciles of one batch / one pool."""
+    progress_interval: float = 5.0
+    """At most one progress status patch per batch this often."""
+    metrics_port: int = 8080
+    """Port of /metrics (0: off)."""
+    priority_class_prefix: str | None = None
+    """When set, shard pods get PriorityClass ``<prefix>-<tier>``."""
+    default_output_retention: int = 7 * 24 * 3600
+    """Lifetime of output/error files when the batch does not say."""
+    peering: str = "llmbatch"
+    """kopf peering name; replicas with the same name never act at once."""
+    namespaces: tuple[str, ...] = field(default_factory=tuple)
+    """Namespaces to watch; empty: the whole cluster."""
+
+    @classmethod
+    def from_env(cls) -> OperatorConfig:
+        store = os.environ.get("LLMBATCH_STORE_URI")
+        if not store:
+            raise SystemExit("LLMBATCH_STORE_URI is required (file:///path or s3://bucket/...)")
+        command = os.environ.get("LLMBATCH_EXECUTOR_COMMAND")
+        namespaces = os.environ.get("LLMBATCH_NAMESPACES", "")
+        return cls(
+            store_uri=store,
+            executor_store_uri=os.environ.get("LLMBATCH_EXECUTOR_STORE_URI") or store,
+            executor_command=tuple(command.split()) if command else cls.executor_command,
+            reconcile_interval=_float("LLMBATCH_RECONCILE_INTERVAL", 2.0),
+            progress_interval=_float("LLMBATCH_PROGRESS_INTERVAL", 5.0),
+            metrics_port=int(os.environ.get("LLMBATCH_METRICS_PORT", "8080")),
+            priority_class_prefix=os.environ.get("LLMBATCH_PRIORITY_CLASS_PREFIX") or None,
+            peering=os.environ.get("LLMBATCH_PEERING", "llmbatch"),
+            namespaces=tuple(n for n in namespaces.split(",") if n),
+        )

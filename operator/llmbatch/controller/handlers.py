@@ -1,0 +1,120 @@
+"""kopf handlers: thin, they hand the object to a reconciler and apply what it returns.
+
+Importing this module registers the handlers with kopf's default registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import defaultdict
+from typing import Any
+
+import kopf
+
+from llmbatch.api.resources import GROUP, VERSION
+from llmbatch.controller import metrics
+from llmbatch.controller.batches import BatchReconciler, Step
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.kube import Kube
+from llmbatch.controller.pools import PoolScheduler
+from llmbatch.storage import open_store
+
+FINALIZER = "llmbatch.io/finalizer"
+INTERVAL = float(os.environ.get("LLMBATCH_RECONCILE_INTERVAL", "2"))
+
+# One reconcile at a time per batch, whichever handler (timer, create, cancel) triggered it.
+_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config = OperatorConfig.from_env()
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="llmbatch.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="llmbatch.io", key="last-handled-configuration"
+    )
+    settings.posting.reporting_component = "llmbatch-operator"
+    settings.posting.event_name_prefix = "llmbatch-"
+    # Watch-stall recovery: the server closes watches, and a silent one is reopened.
+    settings.watching.server_timeout = 240
+    settings.watching.client_timeout = 270
+    settings.watching.inactivity_timeout = 300
+    settings.networking.request_timeout = 60
+    settings.peering.name = config.peering
+    kube = await Kube.connect()
+    memo.config = config
+    memo.kube = kube
+    memo.batches = BatchReconciler(kube, open_store(config.store_uri), config)
+    memo.pools = PoolScheduler(kube)
+    metrics.serve(config.metrics_port)
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    kube: Kube | None = getattr(memo, "kube", None)
+    if kube is not None:
+        await kube.close()
+
+
+def _apply(step: Step, body: kopf.Body, patch: kopf.Patch) -> None:
+    if step.status:
+        patch.setdefault("status", {}).update(step.status)
+    for event_type, reason, message in step.events:
+        kopf.event(body, type=event_type, reason=reason, message=message)
+
+
+async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
+    uid = body["metadata"]["uid"]
+    async with _locks[uid]:
+        reconciler: BatchReconciler = memo.batches
+        _apply(await reconciler.step(dict(body)), body, patch)
+
+
+@kopf.timer(GROUP, VERSION, "batches", interval=INTERVAL, initial_delay=INTERVAL)
+async def batch_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Level-based: compare status, Jobs and store, and take the next step."""
+    await _reconcile(body, patch, memo)
+
+
+@kopf.on.resume(GROUP, VERSION, "batches")
+@kopf.on.create(GROUP, VERSION, "batches")
+async def batch_created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Start at once instead of waiting for the first timer tick; re-attach after a restart."""
+    await _reconcile(body, patch, memo)
+
+
+@kopf.on.field(GROUP, VERSION, "batches", field="spec.cancel", new=True)
+async def batch_cancel(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """React to a cancel request at once."""
+    await _reconcile(body, patch, memo)
+
+
+@kopf.on.delete(GROUP, VERSION, "batches")
+async def batch_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Remove the batch's Jobs and work area; its BatchFiles go by owner references."""
+    uid = body["metadata"]["uid"]
+    async with _locks[uid]:
+        reconciler: BatchReconciler = memo.batches
+        await reconciler.delete(dict(body))
+    _locks.pop(uid, None)
+
+
+@kopf.timer(GROUP, VERSION, "batchpools", interval=INTERVAL, initial_delay=0)
+async def pool_timer(
+    name: str,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    """Size the pool, grant free slots to waiting shards, report slots and queue depth."""
+    scheduler: PoolScheduler = memo.pools
+    result = await scheduler.step(name, dict(spec), dict(status))
+    if result.status:
+        patch.setdefault("status", {}).update(result.status)
+    for event_type, reason, message in result.events:
+        kopf.event(body, type=event_type, reason=reason, message=message)

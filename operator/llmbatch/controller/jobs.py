@@ -1,0 +1,148 @@
+"""The shard Job: one ``batch/v1`` Job per shard, created suspended, unsuspended later."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.core.ids import shard_job_name
+
+LABEL_BATCH_UID = "llmbatch.io/batch-uid"
+LABEL_POOL = "llmbatch.io/pool"
+LABEL_SHARD = "llmbatch.io/shard"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+ANNOTATION_BATCH = "llmbatch.io/batch"
+ANNOTATION_TIER = "llmbatch.io/tier"
+ANNOTATION_CREATED = "llmbatch.io/batch-created-at"
+ANNOTATION_REQUESTS = "llmbatch.io/requests"
+ANNOTATION_PREEMPTIONS = "llmbatch.io/preemptions"
+
+# Exit codes of the executor (llmbatch.executor.exitcodes, sysexits.h): kept here as numbers
+# because the controller never imports the executor.
+EXIT_PREEMPTED = 75
+EXIT_BAD_CONFIG = 78
+
+RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "readOnlyRootFilesystem": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def build_shard_job(
+    *,
+    config: OperatorConfig,
+    pool_name: str,
+    pool: BatchPoolSpec,
+    batch_namespace: str,
+    batch_name: str,
+    batch_uid: str,
+    tier: str,
+    created_at: int,
+    shard_index: int,
+    shard_requests: int,
+    spec_key: str,
+) -> dict[str, Any]:
+    """The Job manifest of one shard (deterministic: the same inputs give the same object)."""
+    name = shard_job_name(batch_uid, shard_index)
+    labels = {
+        LABEL_BATCH_UID: batch_uid,
+        LABEL_POOL: pool_name,
+        LABEL_SHARD: str(shard_index),
+        LABEL_COMPONENT: "executor",
+    }
+    executor = pool.executor
+    resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+    if pool.gpus_per_slot:
+        resources["requests"]["nvidia.com/gpu"] = str(pool.gpus_per_slot)
+        resources["limits"]["nvidia.com/gpu"] = str(pool.gpus_per_slot)
+    if executor.cpu:
+        resources["requests"]["cpu"] = resources["limits"]["cpu"] = executor.cpu
+    if executor.memory:
+        resources["requests"]["memory"] = resources["limits"]["memory"] = executor.memory
+    env = [{"name": "LLMBATCH_SHARD_JOB", "value": name}]
+    env += [{"name": e.name, "value": e.value} for e in executor.env or []]
+    container: dict[str, Any] = {
+        "name": "executor",
+        "image": executor.image,
+        "command": [*config.executor_command],
+        "args": ["--shard-spec", f"{config.executor_store_uri}#{spec_key}"],
+        "env": env,
+        "resources": resources,
+        "securityContext": RESTRICTED_CONTAINER_SECURITY,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if executor.store_secret_name:
+        container["envFrom"] = [{"secretRef": {"name": executor.store_secret_name}}]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": executor.termination_grace_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if executor.service_account_name:
+        pod_spec["serviceAccountName"] = executor.service_account_name
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        pod_spec["tolerations"] = [t.to_k8s() for t in pool.tolerations]
+    if config.priority_class_prefix:
+        pod_spec["priorityClassName"] = f"{config.priority_class_prefix}-{tier}"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": pool.worker_namespace,
+            "labels": labels,
+            "annotations": {
+                ANNOTATION_BATCH: f"{batch_namespace}/{batch_name}",
+                ANNOTATION_TIER: tier,
+                ANNOTATION_CREATED: str(created_at),
+                ANNOTATION_REQUESTS: str(shard_requests),
+            },
+        },
+        "spec": {
+            "suspend": True,
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": executor.backoff_limit,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        # Preemption (SIGTERM → flush → 75) never spends the retry budget.
+                        "action": "Ignore",
+                        "onExitCodes": {
+                            "containerName": "executor",
+                            "operator": "In",
+                            "values": [EXIT_PREEMPTED],
+                        },
+                    },
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": "executor",
+                            "operator": "In",
+                            "values": [EXIT_BAD_CONFIG],
+                        },
+                    },
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    },
+                ]
+            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }

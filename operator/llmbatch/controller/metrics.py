@@ -1,0 +1,75 @@
+"""Prometheus metrics of the operator (``/metrics``). No per-batch label, ever."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+BATCHES = Gauge(
+    "llmbatch_batches",
+    "Batches the operator knows, by OpenAI status.",
+    ["status"],
+    registry=REGISTRY,
+)
+BATCH_TRANSITIONS = Counter(
+    "llmbatch_batch_transitions_total",
+    "Batch status transitions, by the status entered.",
+    ["status"],
+    registry=REGISTRY,
+)
+REQUESTS = Counter(
+    "llmbatch_requests_total",
+    "Requests of finished batches, by outcome (completed or failed).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "llmbatch_tokens_total",
+    "Tokens of successful requests of finished batches, by direction (input or output).",
+    ["direction"],
+    registry=REGISTRY,
+)
+SHARD_RUN_SECONDS = Histogram(
+    "llmbatch_shard_run_seconds",
+    "Wall time of finished shard Jobs, from start to completion.",
+    ["pool"],
+    buckets=(10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200),
+    registry=REGISTRY,
+)
+JOBS_RUNNING = Gauge(
+    "llmbatch_pool_jobs_running",
+    "Unsuspended, unfinished shard Jobs, by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "llmbatch_pool_queue_depth_shards",
+    "Shards waiting for a slot, by pool and tier.",
+    ["pool", "tier"],
+    registry=REGISTRY,
+)
+DESIRED_SLOTS = Gauge(
+    "llmbatch_pool_desired_slots",
+    "Slots the autoscaler wants, by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+VALIDATION_SECONDS = Histogram(
+    "llmbatch_validation_duration_seconds",
+    "Time to validate and plan one batch input.",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
+FINALIZE_SECONDS = Histogram(
+    "llmbatch_finalize_duration_seconds",
+    "Time to merge one batch's results into its output and error files.",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+    registry=REGISTRY,
+)
+
+
+def serve(port: int) -> None:
+    """Expose /metrics on ``port`` (0: do nothing)."""
+    if port:
+        start_http_server(port, registry=REGISTRY)

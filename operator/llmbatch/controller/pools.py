@@ -1,0 +1,152 @@
+"""The pool scheduler: sizes a pool and grants its slots to the head of its queue.
+
+Level-based, all state on the Jobs and the pool status: a suspended shard Job is waiting, an
+unsuspended unfinished one holds a slot. Each round it learns throughput from newly finished
+shards, computes the desired slot count from the backlog (``core.autoscaling``), orders the
+waiting shards (``core.scheduling``) and unsuspends as many as the desired count leaves room for.
+Pods that cannot be placed yet stay Pending, which is the cluster autoscaler's cue to add GPU
+nodes.
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.controller import metrics
+from llmbatch.controller.jobs import (
+    ANNOTATION_BATCH,
+    ANNOTATION_CREATED,
+    ANNOTATION_REQUESTS,
+    ANNOTATION_TIER,
+    LABEL_POOL,
+    LABEL_SHARD,
+)
+from llmbatch.controller.kube import Kube
+from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
+from llmbatch.core.scheduling import QueuedShard, grant_slots
+
+TIERS = ("expedited", "standard", "flex")
+ANNOTATION_LEARNED = "llmbatch.io/throughput-learned"
+
+
+def _condition(job: dict[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def _finished(job: dict[str, Any]) -> bool:
+    return _condition(job, "Complete") or _condition(job, "Failed")
+
+
+def _seconds(stamp: str) -> int:
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def _queued(job: dict[str, Any]) -> QueuedShard:
+    meta = job["metadata"]
+    annotations = meta.get("annotations") or {}
+    return QueuedShard(
+        batch=annotations.get(ANNOTATION_BATCH, meta["name"]),
+        tier=annotations.get(ANNOTATION_TIER, "standard"),
+        created_at=float(annotations.get(ANNOTATION_CREATED, "0")),
+        shard_index=int((meta.get("labels") or {}).get(LABEL_SHARD, "0")),
+        requests=int(annotations.get(ANNOTATION_REQUESTS, "0")),
+    )
+
+
+@dataclass
+class PoolRound:
+    """The status patch and Events of one scheduling round."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+class PoolScheduler:
+    """One scheduling round per call, per pool."""
+
+    def __init__(self, kube: Kube, clock: Any = time.time) -> None:
+        self.kube = kube
+        self.clock = clock
+
+    async def step(self, name: str, spec: dict[str, Any], status: dict[str, Any]) -> PoolRound:
+        pool = BatchPoolSpec.model_validate(spec)
+        namespace = pool.worker_namespace
+        now = self.clock()
+        result = PoolRound()
+        all_jobs = await self.kube.list_jobs(namespace, f"{LABEL_POOL}={name}")
+
+        throughput = float(Decimal(status.get("throughputPerSlot") or pool.throughput_per_slot))
+        for job in all_jobs:
+            annotations = job["metadata"].get("annotations") or {}
+            job_status = job.get("status") or {}
+            if (
+                _condition(job, "Complete")
+                and ANNOTATION_LEARNED not in annotations
+                and job_status.get("startTime")
+                and job_status.get("completionTime")
+            ):
+                seconds = _seconds(job_status["completionTime"]) - _seconds(job_status["startTime"])
+                throughput = learn_throughput(
+                    throughput, int(annotations.get(ANNOTATION_REQUESTS, "0")), max(1, seconds)
+                )
+                await self.kube.annotate_job(
+                    namespace, job["metadata"]["name"], {ANNOTATION_LEARNED: "true"}
+                )
+
+        jobs = [
+            j for j in all_jobs if not j["metadata"].get("deletionTimestamp") and not _finished(j)
+        ]
+        running = [j for j in jobs if not (j.get("spec") or {}).get("suspend")]
+        waiting = [j for j in jobs if (j.get("spec") or {}).get("suspend")]
+        backlog = dict.fromkeys(TIERS, 0)
+        for job in jobs:
+            shard = _queued(job)
+            backlog[shard.tier if shard.tier in backlog else "standard"] += shard.requests
+
+        drain = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
+        raw = raw_desired_slots(backlog, throughput, drain, pool.min_slots, pool.max_slots)
+        previous = ScaleState(
+            desired=int(status.get("desiredSlots", pool.min_slots)),
+            below_since=status.get("scaleDownSince"),
+        )
+        scaled = damp(previous, raw, now, pool.scale_down_cooldown_seconds)
+        if scaled.desired != previous.desired:
+            result.events.append(
+                (
+                    "Normal",
+                    "DesiredSlots",
+                    f"Desired slots {previous.desired} → {scaled.desired} (backlog {backlog})",
+                )
+            )
+
+        queued = [(job, _queued(job)) for job in waiting]
+        granted = grant_slots((q for _, q in queued), len(running), scaled.desired)
+        chosen = {id(q) for q in granted}
+        for job, shard in queued:
+            if id(shard) in chosen:
+                await self.kube.set_job_suspended(namespace, job["metadata"]["name"], False)
+
+        in_use = len(running) + len(granted)
+        metrics.JOBS_RUNNING.labels(name).set(in_use)
+        metrics.DESIRED_SLOTS.labels(name).set(scaled.desired)
+        for tier in TIERS:
+            metrics.QUEUE_DEPTH.labels(name, tier).set(
+                sum(1 for _, q in queued if q.tier == tier and id(q) not in chosen)
+            )
+        wanted = {
+            "slotsInUse": in_use,
+            "desiredSlots": scaled.desired,
+            "queueDepth": backlog,
+            "throughputPerSlot": f"{throughput:.4f}",
+            "scaleDownSince": int(scaled.below_since) if scaled.below_since is not None else None,
+        }
+        result.status = {k: v for k, v in wanted.items() if status.get(k) != v}
+        return result

@@ -1,0 +1,102 @@
+"""The shard Job manifest: deterministic, restricted, suspended, preemption-aware."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.jobs import EXIT_BAD_CONFIG, EXIT_PREEMPTED, build_shard_job
+
+POOL = BatchPoolSpec.model_validate(
+    {
+        "models": [{"name": "smollm2", "source": "/models/smollm2"}],
+        "workerNamespace": "workers",
+        "gpusPerSlot": 2,
+        "nodeSelector": {"nvidia.com/gpu.product": "A100"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "executor": {
+            "engine": "simulated",
+            "storeSecretName": "store-creds",
+            "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}],
+        },
+    }
+)
+CONFIG = OperatorConfig(store_uri="file:///s", executor_store_uri="s3://bucket?region=x")
+
+
+def job(**overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "config": CONFIG,
+        "pool_name": "p",
+        "pool": POOL,
+        "batch_namespace": "team-a",
+        "batch_name": "batch-abc",
+        "batch_uid": "uid-1",
+        "tier": "standard",
+        "created_at": 5,
+        "shard_index": 3,
+        "shard_requests": 100,
+        "spec_key": "work/x/spec.json",
+    }
+    args.update(overrides)
+    return build_shard_job(**args)
+
+
+def test_deterministic_name_and_suspended() -> None:
+    first, second = job(), job()
+    assert first == second
+    assert first["metadata"]["name"].endswith("-00003")
+    assert first["metadata"]["namespace"] == "workers"
+    assert first["spec"]["suspend"] is True
+    assert job(batch_uid="uid-2")["metadata"]["name"] != first["metadata"]["name"]
+
+
+def test_pod_is_restricted_and_has_no_token() -> None:
+    pod = job()["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = pod["containers"][0]
+    sec = container["securityContext"]
+    assert sec["allowPrivilegeEscalation"] is False
+    assert sec["capabilities"] == {"drop": ["ALL"]}
+    assert sec["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["restartPolicy"] == "Never"
+
+
+def test_gpus_selector_tolerations_and_secret_reference() -> None:
+    pod = job()["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "A100"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert container["envFrom"] == [{"secretRef": {"name": "store-creds"}}]
+    assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in container["env"]
+    assert container["args"] == ["--shard-spec", "s3://bucket?region=x#work/x/spec.json"]
+    assert not any("SECRET" in e["name"] for e in container["env"])
+
+
+def test_pod_failure_policy_ignores_preemption_and_fails_bad_config() -> None:
+    rules = job()["spec"]["podFailurePolicy"]["rules"]
+    by_action = {(r["action"], tuple(r.get("onExitCodes", {}).get("values", []))) for r in rules}
+    assert ("Ignore", (EXIT_PREEMPTED,)) in by_action
+    assert ("FailJob", (EXIT_BAD_CONFIG,)) in by_action
+    assert any(
+        r.get("onPodConditions") == [{"type": "DisruptionTarget", "status": "True"}] for r in rules
+    )
+
+
+def test_labels_annotations_and_priority_class() -> None:
+    manifest = job(
+        tier="expedited",
+        config=OperatorConfig(
+            store_uri="file:///s", executor_store_uri="file:///s", priority_class_prefix="llmbatch"
+        ),
+    )
+    assert manifest["metadata"]["labels"]["llmbatch.io/batch-uid"] == "uid-1"
+    assert manifest["metadata"]["annotations"]["llmbatch.io/batch"] == "team-a/batch-abc"
+    assert manifest["metadata"]["annotations"]["llmbatch.io/tier"] == "expedited"
+    pod = manifest["spec"]["template"]
+    assert pod["metadata"]["labels"] == manifest["metadata"]["labels"]
+    assert pod["spec"]["priorityClassName"] == "llmbatch-expedited"
