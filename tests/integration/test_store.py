@@ -7,12 +7,15 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, ResponseStreamingError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmbatch.storage import (
     FilesystemStore,
@@ -527,7 +530,7 @@ def test_fs_concurrent_put_and_delete_in_one_directory(fs_store: FilesystemStore
 
     def churn(i: int) -> None:
         try:
-            for j in range(200):
+            for j in range(100):
                 fs_store.put(f"shared/dir/{i}-{j}", b"x")
                 fs_store.delete(f"shared/dir/{i}-{j}")
         except BaseException as exc:
@@ -730,3 +733,47 @@ def test_s3_source_deleted_during_compose(
     assert excinfo.value.key == "g/1"
     assert s3_store.head("g/out") is None
     assert s3_store.client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads", []) == []
+
+
+def test_s3_source_replaced_during_compose(
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3_store.put("h/0", b"original bytes\n")
+    s3_store.put("h/1", b"tail\n")
+    original: Callable[..., Any] = s3_store.client.get_object
+
+    def get_object(**kwargs: Any) -> Any:
+        if kwargs["Key"].endswith("h/0"):  # another writer replaces the chunk after planning
+            s3_store.client.put_object(
+                Bucket=s3_store.bucket, Key=kwargs["Key"], Body=b"REPLACED bytes\n"
+            )
+        return original(**kwargs)
+
+    monkeypatch.setattr(s3_store.client, "get_object", get_object)
+    with pytest.raises(IntegrityError, match="replaced"):
+        s3_store.compose("h/out", ["h/0", "h/1"])
+    assert s3_store.head("h/out") is None
+
+
+_segments = st.text(alphabet="ab-.0~é", min_size=1, max_size=3).filter(
+    lambda seg: seg not in (".", "..")
+)
+_keys = st.lists(st.lists(_segments, min_size=1, max_size=3).map("/".join), max_size=12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(keys=_keys, prefix=st.text(alphabet="ab-.0~é/", max_size=4))
+def test_fs_list_matches_s3_key_order(keys: list[str], prefix: str) -> None:
+    """The filesystem walk yields exactly the keys S3 would, in S3's (UTF-8 byte) order."""
+    keys = sorted({k for k in keys if not any(o.startswith(k + "/") for o in keys)})
+    with tempfile.TemporaryDirectory() as root:
+        fs = FilesystemStore(root)
+        for key in keys:
+            fs.put(key, b"")
+        expected = sorted((k for k in keys if k.startswith(prefix)), key=lambda k: k.encode())
+        try:
+            listed = [info.key for info in fs.list(prefix)]
+        except InvalidKey:
+            assert any(seg in (".", "..") for seg in prefix.split("/")[:-1])
+            return
+        assert listed == expected

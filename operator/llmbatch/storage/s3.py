@@ -406,23 +406,32 @@ class S3Store(ObjectStore):
             digest = hasher.hexdigest()
 
         plan = plan_compose([(a.key, a.size) for a in actual])
+        etags = {a.key: a.etag for a in actual}
         if len(plan) <= 1 and not any(isinstance(p, CopyPart) for p in plan):
-            body = b"".join(self._download(p) for p in plan)
+            body = b"".join(self._download(p, etags) for p in plan)
             result = self.put(key, body, if_absent=if_absent, sha256=digest)
         elif len(plan) > MAX_PARTS:
             # Thousands of tiny sources: stream them through a growing-part upload instead.
             stream = verified_source_stream(self, sources, actual)
             result = self.put(key, stream, if_absent=if_absent, sha256=digest)
         else:
-            etags = {a.key: a.etag for a in actual}
             result = self._compose_multipart(key, full, plan, etags, if_absent, digest, total)
         if result.size != total:
             raise IntegrityError(f"compose {key}: wrote {result.size} bytes, sources sum {total}")
         return result
 
-    def _download(self, part: Part) -> bytes:
+    def _download(self, part: Part, etags: dict[str, str | None]) -> bytes:
+        """The bytes of a buffered part, each read pinned to the source ETag seen at head time."""
         assert isinstance(part, BufferedPart)
-        return b"".join(self.get(seg.key, seg.start, seg.end) for seg in part.segments)
+        pieces: list[bytes] = []
+        for seg in part.segments:
+            full = self._full(seg.key)
+            opened = self._open_range(seg.key, full, seg.start, seg.end, etags.get(seg.key))
+            if opened is None:
+                raise IntegrityError(f"compose: source {seg.key} shrank below byte {seg.start}")
+            stream = self._stream(seg.key, full, seg.start, seg.end, 1 << 20, *opened)
+            pieces.append(b"".join(stream))
+        return b"".join(pieces)
 
     def _compose_multipart(
         self,
@@ -449,7 +458,7 @@ class S3Store(ObjectStore):
                 if isinstance(part, CopyPart):
                     etag = self._copy_part(key, full, upload_id, number, part, etags)
                 else:
-                    body = self._download(part)
+                    body = self._download(part, etags)
                     if len(body) != part.size:
                         raise IntegrityError(f"compose {key}: part {number} read short")
                     etag = self._upload_part(key, full, upload_id, number, body)
