@@ -386,6 +386,8 @@ class S3Store(ObjectStore):
         sha256: bool = False,
     ) -> ObjectInfo:
         full = self._full(key)
+        if if_absent and self.head(key) is not None:
+            raise ObjectExists(key)  # fast path; the write itself is still conditional
         actual: list[ObjectInfo] = []
         for source in sources:
             info = self.head(source_key(source))
