@@ -69,7 +69,10 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
     uid = body["metadata"]["uid"]
     async with _locks[uid]:
         reconciler: BatchReconciler = memo.batches
-        _apply(await reconciler.step(dict(body)), body, patch)
+        step = await reconciler.step(dict(body))
+        _apply(step, body, patch)
+    current = step.status.get("status") or (body.get("status") or {}).get("status")
+    metrics.observe_batch(uid, current)
 
 
 @kopf.timer(GROUP, VERSION, "batches", interval=INTERVAL, initial_delay=INTERVAL)
@@ -99,6 +102,7 @@ async def batch_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         reconciler: BatchReconciler = memo.batches
         await reconciler.delete(dict(body))
     _locks.pop(uid, None)
+    metrics.observe_batch(uid, None)
 
 
 @kopf.timer(GROUP, VERSION, "batchpools", interval=INTERVAL, initial_delay=0)

@@ -69,6 +69,32 @@ FINALIZE_SECONDS = Histogram(
 )
 
 
+_STATUSES = (
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
+_known: dict[str, str] = {}
+
+
+def observe_batch(uid: str, status: str | None) -> None:
+    """Record a batch's current status for the ``llmbatch_batches`` gauge."""
+    if status is None:
+        _known.pop(uid, None)
+    else:
+        _known[uid] = status
+    counts = dict.fromkeys(_STATUSES, 0)
+    for value in _known.values():
+        counts[value] = counts.get(value, 0) + 1
+    for value, count in counts.items():
+        BATCHES.labels(value).set(count)
+
+
 def serve(port: int) -> None:
     """Expose /metrics on ``port`` (0: do nothing)."""
     if port:

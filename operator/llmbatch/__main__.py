@@ -1,0 +1,5 @@
+"""``python -m llmbatch`` is the ``llmbatch`` command."""
+
+from llmbatch.cli import main
+
+main()

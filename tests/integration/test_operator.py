@@ -1,0 +1,474 @@
+"""The operator on the real control plane: lifecycle, bad input, cancel, expiry, faults.
+
+Real parts only: the control plane and node agent (pods are local processes running
+``python -m llmbatch.executor``), the operator as its own process, a filesystem store. The
+executor uses the simulated engine here (fast, deterministic); the vLLM engine is exercised by
+the executor and end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from openai.types.chat import ChatCompletion
+
+from llmbatch.core.ids import batch_request_id
+from llmbatch.core.keys import file_key
+from llmbatch.storage import FilesystemStore
+from tests.fixtures.operator import WORKER_NAMESPACE, OperatorProcess
+
+pytestmark = pytest.mark.timeout(600)
+MODEL = "sim-model"
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def kubectl_json(cluster: Any, *args: str) -> Any:
+    out = cluster.kubectl(*args, "-o", "json")
+    return json.loads(out)
+
+
+def apply(cluster: Any, tmp_path: pathlib.Path, obj: dict[str, Any]) -> None:
+    path = tmp_path / f"{uuid.uuid4().hex}.json"
+    path.write_text(json.dumps(obj))
+    cluster.kubectl("apply", "-f", str(path))
+
+
+def make_pool(
+    cluster: Any,
+    tmp_path: pathlib.Path,
+    *,
+    max_slots: int = 2,
+    shard_requests: int = 10,
+    engine_args: list[str] | None = None,
+    backoff_limit: int = 3,
+) -> str:
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    apply(
+        cluster,
+        tmp_path,
+        {
+            "apiVersion": "llmbatch.io/v1alpha1",
+            "kind": "BatchPool",
+            "metadata": {"name": name},
+            "spec": {
+                "models": [{"name": MODEL, "source": "simulated"}],
+                "workerNamespace": WORKER_NAMESPACE,
+                "gpusPerSlot": 1,
+                "maxSlots": max_slots,
+                "shardRequests": shard_requests,
+                "throughputPerSlot": "100",
+                "executor": {
+                    "engine": "simulated",
+                    "engineArgs": engine_args or ["--latency-seconds=0.01"],
+                    "backoffLimit": backoff_limit,
+                    "terminationGraceSeconds": 10,
+                },
+            },
+        },
+    )
+    return name
+
+
+def chat_requests(n: int, prefix: str = "req") -> list[dict[str, Any]]:
+    return [
+        {
+            "customID": f"{prefix}-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"Summarize ticket {i}."}],
+                "max_tokens": 8,
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def make_batch(
+    cluster: Any,
+    tmp_path: pathlib.Path,
+    namespace: str,
+    *,
+    pool: str,
+    requests: list[dict[str, Any]] | None = None,
+    input_file_id: str | None = None,
+    window: str = "24h",
+    model_hint: str | None = None,
+) -> str:
+    name = f"batch-{uuid.uuid4().hex[:24]}"
+    spec: dict[str, Any] = {
+        "endpoint": "/v1/chat/completions",
+        "completionWindow": window,
+        "pool": pool,
+    }
+    if requests is not None:
+        spec["requests"] = requests
+    if input_file_id is not None:
+        spec["inputFileID"] = input_file_id
+    if model_hint:
+        spec["model"] = model_hint
+    apply(
+        cluster,
+        tmp_path,
+        {
+            "apiVersion": "llmbatch.io/v1alpha1",
+            "kind": "Batch",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec,
+        },
+    )
+    return name
+
+
+def get_batch(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = kubectl_json(cluster, "get", "batch", name, "-n", namespace)
+    return result
+
+
+def wait_for(
+    check: Callable[[], Any], timeout: float, what: str, on_fail: Callable[[], str] | None = None
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    detail = on_fail() if on_fail else ""
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last={last!r}\n{detail[-8000:]}")
+
+
+def wait_status(
+    cluster: Any,
+    operator: OperatorProcess,
+    namespace: str,
+    name: str,
+    wanted: set[str],
+    timeout: float = 180,
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        batch = get_batch(cluster, namespace, name)
+        return batch if (batch.get("status") or {}).get("status") in wanted else None
+
+    def explain() -> str:
+        batch = get_batch(cluster, namespace, name)
+        jobs = cluster.kubectl(
+            "get", "jobs,pods", "-n", WORKER_NAMESPACE, "-o", "wide", check=False
+        )
+        return f"status={json.dumps(batch.get('status'), indent=1)}\n{jobs}\n{operator.logs()}"
+
+    result: dict[str, Any] = wait_for(check, timeout, f"batch {name} in {wanted}", explain)
+    return result
+
+
+def store_of(operator: OperatorProcess) -> FilesystemStore:
+    return FilesystemStore(operator.store_root)
+
+
+def read_lines(operator: OperatorProcess, namespace: str, file_id: str | None) -> list[Any]:
+    if file_id is None:
+        return []
+    data = store_of(operator).get(file_key(namespace, file_id))
+    return [orjson.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def batch_jobs(cluster: Any, uid: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kubectl_json(
+        cluster, "get", "jobs", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/batch-uid={uid}"
+    )["items"]
+    return items
+
+
+def assert_accounted(status: dict[str, Any], outputs: list[Any], errors: list[Any]) -> None:
+    counts = status["requestCounts"]
+    assert counts["completed"] == len(outputs)
+    assert counts["failed"] == len(errors)
+    assert counts["completed"] + counts["failed"] == counts["total"]
+    ids = [line["custom_id"] for line in outputs + errors]
+    assert len(ids) == len(set(ids)), "a request has two result lines"
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+
+def test_happy_path_two_shards(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = make_pool(cluster, tmp_path, shard_requests=10)
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(20))
+    batch = wait_status(cluster, operator_process, namespace, name, {"completed", "failed"})
+    status = batch["status"]
+    assert status["status"] == "completed", status
+    assert len(status["shards"]) == 2
+    assert status["model"] == MODEL
+    outputs = read_lines(operator_process, namespace, status["outputFileID"])
+    assert status.get("errorFileID") is None
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(20))
+    assert_accounted(status, outputs, [])
+    uid = batch["metadata"]["uid"]
+    for line in outputs:
+        assert line["id"] == batch_request_id(uid, line["custom_id"])
+        assert line["error"] is None
+        assert line["response"]["status_code"] == 200
+        ChatCompletion.model_validate(line["response"]["body"])
+    usage = status["usage"]
+    assert usage["inputTokens"] == sum(
+        line["response"]["body"]["usage"]["prompt_tokens"] for line in outputs
+    )
+    assert usage["outputTokens"] == sum(
+        line["response"]["body"]["usage"]["completion_tokens"] for line in outputs
+    )
+    assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"]
+    stamps = [status[k] for k in ("createdAt", "inProgressAt", "finalizingAt", "completedAt")]
+    assert stamps == sorted(stamps)
+    assert status["expiresAt"] == status["createdAt"] + 86400
+    files = kubectl_json(cluster, "get", "batchfiles", "-n", namespace)["items"]
+    output_file = next(f for f in files if f["metadata"]["name"] == status["outputFileID"])
+    assert output_file["spec"]["purpose"] == "batch_output"
+    assert output_file["spec"]["lineCount"] == 20
+    assert output_file["metadata"]["ownerReferences"][0]["uid"] == uid
+    events = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+    )
+    assert "Validated" in events
+    assert "Completed" in events
+    # the finished batch's Jobs are cleaned up
+    wait_for(lambda: not batch_jobs(cluster, uid), 60, "shard Jobs removed")
+    printed = cluster.kubectl("get", "batches", "-n", namespace)
+    assert "completed" in printed
+    assert "20" in printed
+
+
+def test_invalid_input_fails_without_jobs(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = make_pool(cluster, tmp_path)
+    good = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": []},
+    }
+    lines = [
+        json.dumps(good),
+        "{not json",
+        json.dumps({**good, "custom_id": "a"}),
+        json.dumps({**good, "custom_id": "c", "url": "/v1/embeddings"}),
+        json.dumps({**good, "custom_id": "d", "body": {"model": "other", "messages": []}}),
+        json.dumps({k: v for k, v in good.items() if k != "custom_id"}),
+        json.dumps({**good, "custom_id": "f", "body": {"model": MODEL, "stream": True}}),
+    ]
+    file_id = f"file-{uuid.uuid4().hex}"
+    data = ("\n".join(lines) + "\n").encode()
+    store_of(operator_process).put(file_key(namespace, file_id), data)
+    apply(
+        cluster,
+        tmp_path,
+        {
+            "apiVersion": "llmbatch.io/v1alpha1",
+            "kind": "BatchFile",
+            "metadata": {"name": file_id, "namespace": namespace},
+            "spec": {
+                "id": file_id,
+                "bytes": len(data),
+                "filename": "bad.jsonl",
+                "purpose": "batch",
+                "storageKey": file_key(namespace, file_id),
+                "createdAt": int(time.time()),
+            },
+        },
+    )
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, input_file_id=file_id)
+    batch = wait_status(cluster, operator_process, namespace, name, {"failed", "in_progress"})
+    status = batch["status"]
+    assert status["status"] == "failed"
+    assert status["failedAt"] >= status["createdAt"]
+    got = [(e["code"], e.get("line")) for e in status["errors"]]
+    assert got == [
+        ("invalid_json_line", 2),
+        ("duplicate_custom_id", 3),
+        ("mismatched_url", 4),
+        ("mismatched_model", 5),
+        ("missing_custom_id", 6),
+        ("stream_not_supported", 7),
+    ]
+    assert batch_jobs(cluster, batch["metadata"]["uid"]) == []
+
+
+def test_model_not_served_fails_clearly(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    requests = chat_requests(2)
+    for request in requests:
+        request["body"]["model"] = "no-such-model"
+    batch_name = f"batch-{uuid.uuid4().hex[:24]}"
+    apply(
+        cluster,
+        tmp_path,
+        {
+            "apiVersion": "llmbatch.io/v1alpha1",
+            "kind": "Batch",
+            "metadata": {"name": batch_name, "namespace": namespace},
+            "spec": {"endpoint": "/v1/chat/completions", "requests": requests},
+        },
+    )
+    status = wait_status(cluster, operator_process, namespace, batch_name, {"failed"})["status"]
+    assert status["errors"][0]["code"] == "model_not_found"
+    assert "no-such-model" in status["errors"][0]["message"]
+
+
+def test_cancel_mid_run_keeps_finished_results(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = make_pool(
+        cluster,
+        tmp_path,
+        max_slots=1,
+        shard_requests=40,
+        engine_args=["--latency-seconds=0.4", "--max-num-seqs=1"],
+    )
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(40))
+
+    def some_done() -> bool:
+        counts = (get_batch(cluster, namespace, name).get("status") or {}).get("requestCounts")
+        return bool(counts and counts["completed"] >= 3)
+
+    wait_for(some_done, 120, "first results", operator_process.logs)
+    cluster.kubectl(
+        "patch", "batch", name, "-n", namespace, "--type=merge", "-p", '{"spec":{"cancel":true}}'
+    )
+    asked = time.monotonic()
+    batch = wait_status(cluster, operator_process, namespace, name, {"cancelled"}, timeout=90)
+    assert time.monotonic() - asked < 60
+    status = batch["status"]
+    outputs = read_lines(operator_process, namespace, status.get("outputFileID"))
+    errors = read_lines(operator_process, namespace, status.get("errorFileID"))
+    assert len(outputs) >= 3
+    assert errors, "the requests that never ran must be reported"
+    assert all(e["error"]["code"] == "batch_cancelled" and e["response"] is None for e in errors)
+    assert_accounted(status, outputs, errors)
+    assert status["requestCounts"]["total"] == 40
+    assert status["cancellingAt"] <= status["cancelledAt"]
+
+
+def test_expiry_reports_unrun_requests(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = make_pool(
+        cluster,
+        tmp_path,
+        max_slots=1,
+        shard_requests=100,
+        engine_args=["--latency-seconds=0.5", "--max-num-seqs=1"],
+    )
+    name = make_batch(
+        cluster, tmp_path, namespace, pool=pool, requests=chat_requests(60), window="15s"
+    )
+    batch = wait_status(cluster, operator_process, namespace, name, {"expired"}, timeout=120)
+    status = batch["status"]
+    outputs = read_lines(operator_process, namespace, status.get("outputFileID"))
+    errors = read_lines(operator_process, namespace, status.get("errorFileID"))
+    assert errors
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    assert_accounted(status, outputs, errors)
+    assert status["expiredAt"] >= status["expiresAt"]
+
+
+def test_failing_shard_becomes_shard_failed_lines(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    # every executor run of every shard dies after 3 answers: shards exhaust their retries
+    pool = make_pool(
+        cluster,
+        tmp_path,
+        shard_requests=10,
+        backoff_limit=1,
+        engine_args=["--die-after=3", "--max-num-seqs=1"],
+    )
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(20))
+    batch = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=240)
+    status = batch["status"]
+    outputs = read_lines(operator_process, namespace, status.get("outputFileID"))
+    errors = read_lines(operator_process, namespace, status.get("errorFileID"))
+    failed = [e for e in errors if (e.get("error") or {}).get("code") == "shard_failed"]
+    assert failed, errors
+    assert "shard failed" in failed[0]["error"]["message"]
+    assert_accounted(status, outputs, errors)
+    assert all(s["phase"] == "Failed" for s in status["shards"])
+
+
+def test_operator_killed_after_job_creation_resumes_exactly(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = make_pool(
+        cluster,
+        tmp_path,
+        shard_requests=10,
+        engine_args=["--latency-seconds=0.2", "--max-num-seqs=2"],
+    )
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(30))
+    uid = wait_for(
+        lambda: (get_batch(cluster, namespace, name).get("metadata") or {}).get("uid"), 30, "uid"
+    )
+    wait_for(lambda: batch_jobs(cluster, uid), 60, "first shard Job", operator_process.logs)
+    operator_process.restart()  # SIGKILL: whatever status patch was pending is lost
+    batch = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=240)
+    status = batch["status"]
+    outputs = read_lines(operator_process, namespace, status["outputFileID"])
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(30))
+    assert_accounted(status, outputs, [])
+    job_names = [s["job"] for s in status["shards"]]
+    assert len(job_names) == len(set(job_names)) == 3
+
+
+def test_deleted_executor_pod_is_retried_without_duplicates(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = make_pool(
+        cluster,
+        tmp_path,
+        max_slots=1,
+        shard_requests=40,
+        engine_args=["--latency-seconds=0.2", "--max-num-seqs=2"],
+    )
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(40))
+    uid = wait_for(
+        lambda: (get_batch(cluster, namespace, name).get("metadata") or {}).get("uid"), 30, "uid"
+    )
+
+    def running_pod() -> str | None:
+        pods = kubectl_json(
+            cluster, "get", "pods", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/batch-uid={uid}"
+        )["items"]
+        counts = (get_batch(cluster, namespace, name).get("status") or {}).get(
+            "requestCounts"
+        ) or {}
+        for pod in pods:
+            if pod["status"].get("phase") == "Running" and counts.get("completed", 0) >= 5:
+                return str(pod["metadata"]["name"])
+        return None
+
+    pod = wait_for(running_pod, 120, "a running executor with results", operator_process.logs)
+    cluster.kubectl("delete", "pod", pod, "-n", WORKER_NAMESPACE, "--wait=false")
+    batch = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=240)
+    status = batch["status"]
+    outputs = read_lines(operator_process, namespace, status["outputFileID"])
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(40))
+    assert_accounted(status, outputs, [])
+
+
+def test_metrics_have_no_per_batch_labels(operator_process: OperatorProcess) -> None:
+    text = operator_process.metrics()
+    assert "llmbatch_batch_transitions_total" in text
+    assert "batch-" not in text
