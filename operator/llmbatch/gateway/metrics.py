@@ -1,0 +1,86 @@
+"""Prometheus metrics of the gateway (its own registry, served on ``/metrics``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+REQUESTS = Counter(
+    "llmbatch_gateway_requests_total",
+    "HTTP requests answered, by route template, method and status code.",
+    ["route", "method", "code"],
+    registry=REGISTRY,
+)
+LATENCY = Histogram(
+    "llmbatch_gateway_request_seconds",
+    "Time to the response headers, by route template and method.",
+    ["route", "method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+UPLOAD_BYTES = Counter(
+    "llmbatch_gateway_upload_bytes_total",
+    "Bytes of accepted file uploads.",
+    registry=REGISTRY,
+)
+UPLOADS_REJECTED = Counter(
+    "llmbatch_gateway_uploads_rejected_total",
+    "Uploads refused, by error code.",
+    ["code"],
+    registry=REGISTRY,
+)
+BATCHES_CREATED = Counter(
+    "llmbatch_gateway_batches_created_total",
+    "Batches created through the API (idempotent replays not counted).",
+    registry=REGISTRY,
+)
+AUTH_FAILURES = Counter(
+    "llmbatch_gateway_auth_failures_total",
+    "Requests refused for a missing, unknown or insufficient key.",
+    ["reason"],
+    registry=REGISTRY,
+)
+API_KEYS = Gauge("llmbatch_gateway_api_keys", "API keys currently loaded.", registry=REGISTRY)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP response by its route template (never the raw path: bounded labels)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status: dict[str, Any] = {"code": 500}
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                route = scope.get("route")
+                template = getattr(route, "path", None) or "unmatched"
+                LATENCY.labels(template, _method(scope)).observe(time.perf_counter() - started)
+                status["route"] = template
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            REQUESTS.labels(
+                status.get("route", "unmatched"), _method(scope), str(status["code"])
+            ).inc()
+
+
+_METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"})
+
+
+def _method(scope: Scope) -> str:
+    method = str(scope.get("method", ""))
+    return method if method in _METHODS else "OTHER"

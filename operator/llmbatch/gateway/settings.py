@@ -1,0 +1,65 @@
+"""Gateway settings, read from the environment (documented in docs/gateway.md)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from dataclasses import dataclass
+
+DEFAULT_MAX_UPLOAD_BYTES = 200_000_000
+_SA_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _own_namespace() -> str:
+    try:
+        return _SA_NAMESPACE.read_text().strip() or "llmbatch-system"
+    except OSError:
+        return "llmbatch-system"
+
+
+def _int(env: dict[str, str], name: str, default: int, minimum: int = 1) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Everything the gateway process is configured with."""
+
+    store_uri: str
+    """``LLMBATCH_STORE_URI``: the object store (see docs/storage.md)."""
+    gateway_namespace: str = "llmbatch-system"
+    """``LLMBATCH_GATEWAY_NAMESPACE``: where the API-key Secrets live."""
+    kubeconfig: str | None = None
+    """``KUBECONFIG``: kubeconfig path; in-cluster credentials when unset inside a pod."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """``LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES``: largest accepted file upload (413 above)."""
+    key_resync_seconds: int = 30
+    """``LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS``: full re-list period of the key Secrets."""
+    max_list_objects: int = 10000
+    """``LLMBATCH_GATEWAY_MAX_LIST``: files/batches read per tenant for one list call."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> GatewaySettings:
+        values = dict(os.environ if env is None else env)
+        store_uri = values.get("LLMBATCH_STORE_URI", "")
+        if not store_uri:
+            raise ValueError("LLMBATCH_STORE_URI is not set (e.g. file:///var/lib/llmbatch)")
+        return cls(
+            store_uri=store_uri,
+            gateway_namespace=values.get("LLMBATCH_GATEWAY_NAMESPACE") or _own_namespace(),
+            kubeconfig=values.get("KUBECONFIG") or None,
+            max_upload_bytes=_int(
+                values, "LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES
+            ),
+            key_resync_seconds=_int(values, "LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS", 30),
+            max_list_objects=_int(values, "LLMBATCH_GATEWAY_MAX_LIST", 10000),
+        )

@@ -1,0 +1,417 @@
+"""Streaming ``POST /v1/files``: multipart parsed incrementally, validated line by line, stored.
+
+The request body is read chunk by chunk (``request.stream()``) into ``python_multipart``'s push
+parser; the bytes of the ``file`` part go, in ~1 MiB pieces through a bounded pipe, to a worker
+thread that feeds them to the line validator and on into ``ObjectStore.put`` (which streams too).
+Memory stays bounded by a few MiB whatever the file size. The first bad line stops the write (the
+store never publishes a partial object) and answers 400 naming the line; a body over the cap
+answers 413 without reading the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from python_multipart import MultipartParser
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import parse_options_header
+from starlette.requests import ClientDisconnect, Request
+
+from llmbatch.core.validation import (
+    UTF8_BOM,
+    ErrorCode,
+    InvalidLine,
+    LineValidator,
+    ValidationLimits,
+    ValidationResult,
+    normalize_endpoint,
+)
+from llmbatch.gateway.errors import APIError
+from llmbatch.storage import ObjectInfo, ObjectStore
+
+DEFAULT_ENDPOINT = "/v1/chat/completions"
+HANDOFF_BYTES = 1 << 20
+PIPE_DEPTH = 8
+MAX_FIELD_BYTES = 4096
+MULTIPART_OVERHEAD = 64 * 1024
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="upload")
+_ABORT = object()
+_END = object()
+
+
+class BadLine(Exception):
+    """The first problem found in an upload."""
+
+    def __init__(self, problem: InvalidLine) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+
+
+class _Aborted(Exception):
+    """The request side gave up (size cap, client gone, bad form); nothing may be published."""
+
+
+class _FailFast(LineValidator):
+    """A validator that stops at the first problem."""
+
+    def _report(self, problem: InvalidLine) -> None:
+        raise BadLine(problem)
+
+
+def bad_line_error(problem: InvalidLine) -> APIError:
+    message = problem.message
+    if problem.line is not None and f"Line {problem.line}" not in message:
+        message = f"Line {problem.line}: {message}"
+    return APIError(400, message, param=problem.param or "file", code=str(problem.code))
+
+
+class UploadChecker:
+    """Validates an upload whose endpoint is not known up front.
+
+    The endpoint is the (normalised) ``url`` of the first non-blank line; every other line must
+    use the same one. Bytes are held only until that first line is complete.
+    """
+
+    def __init__(self, limits: ValidationLimits) -> None:
+        self.limits = limits
+        self.endpoint: str | None = None
+        self._validator: _FailFast | None = None
+        self._head = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        if self._validator is not None:
+            self._validator.feed(chunk)
+            return
+        self._head += chunk
+        endpoint = self._sniff(final=False)
+        if endpoint is not None:
+            self._start(endpoint)
+
+    def finish(self) -> ValidationResult:
+        if self._validator is None:
+            self._start(self._sniff(final=True) or DEFAULT_ENDPOINT)
+        assert self._validator is not None
+        return self._validator.finish()
+
+    def _start(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self._validator = _FailFast(endpoint, self.limits)
+        head, self._head = bytes(self._head), bytearray()
+        if head:
+            self._validator.feed(head)
+
+    def _sniff(self, final: bool) -> str | None:
+        """The endpoint of the first non-blank line once it is complete (None: need more)."""
+        data = bytes(self._head)
+        pos, line_no = 0, 0
+        while True:
+            cut = data.find(b"\n", pos)
+            if cut < 0 and not final:
+                if len(data) - pos > self.limits.max_line_bytes:
+                    return DEFAULT_ENDPOINT  # the validator reports the long line
+                return None
+            raw = data[pos:] if cut < 0 else data[pos:cut]
+            line_no += 1
+            if line_no == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM) :]
+            if raw.strip():
+                return self._endpoint_of(raw.strip(), line_no)
+            if cut < 0:
+                return DEFAULT_ENDPOINT if final else None
+            pos = cut + 1
+
+    @staticmethod
+    def _endpoint_of(raw: bytes, line_no: int) -> str:
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return DEFAULT_ENDPOINT  # the validator reports the JSON problem
+        url = obj.get("url") if isinstance(obj, dict) else None
+        if not isinstance(url, str):
+            return DEFAULT_ENDPOINT
+        endpoint = normalize_endpoint(url)
+        if endpoint is None:
+            raise BadLine(
+                InvalidLine(
+                    ErrorCode.UNSUPPORTED_ENDPOINT,
+                    f"Line {line_no}: url {url[:100]!r} is not a supported endpoint "
+                    "(/v1/chat/completions, /v1/completions, /v1/embeddings, or /openai/v1/...).",
+                    line_no,
+                    "url",
+                )
+            )
+        return endpoint
+
+
+@dataclass
+class StoredUpload:
+    info: ObjectInfo
+    result: ValidationResult
+    endpoint: str
+
+
+class _Pipe:
+    """Bounded hand-off of chunks from the event loop to one worker thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.slots = asyncio.Semaphore(PIPE_DEPTH)
+        self.future: asyncio.Future[Any] | None = None
+
+    async def send(self, item: object) -> bool:
+        """Queue ``item``; False when the worker has already stopped."""
+        assert self.future is not None
+        if self.future.done():
+            return False
+        if self.slots.locked():
+            acquire = asyncio.ensure_future(self.slots.acquire())
+            done, _ = await asyncio.wait(
+                {acquire, self.future}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if acquire not in done:
+                acquire.cancel()
+                return False
+        else:
+            await self.slots.acquire()
+        self.queue.put_nowait(item)
+        return True
+
+    def abort(self) -> None:
+        self.queue.put_nowait(_ABORT)
+
+    def receive(self) -> Iterator[bytes]:
+        """Worker side: the chunks until the end marker (raises :class:`_Aborted` on abort)."""
+        while True:
+            item = asyncio.run_coroutine_threadsafe(self.queue.get(), self.loop).result()
+            self.loop.call_soon_threadsafe(self.slots.release)
+            if item is _END:
+                return
+            if item is _ABORT:
+                raise _Aborted
+            assert isinstance(item, bytes)
+            yield item
+
+
+class MultipartUpload:
+    """Reads one multipart upload request; see the module docstring."""
+
+    def __init__(self, request: Request, store: ObjectStore, key: str, max_bytes: int) -> None:
+        self.request = request
+        self.store = store
+        self.key = key
+        self.max_bytes = max_bytes
+        self.fields: dict[str, str] = {}
+        self.filename: str | None = None
+        self.file_bytes = 0
+        self.file_parts = 0
+        self._pipe: _Pipe | None = None
+        self._checker = UploadChecker(ValidationLimits(max_bytes=max_bytes, max_requests=50_000))
+        self._pending = bytearray()
+        self._part: str | None = None  # "file", a field name, or "" (ignored)
+        self._field = bytearray()
+        self._header_field = bytearray()
+        self._header_value = bytearray()
+        self._headers: dict[bytes, bytes] = {}
+        self._error: APIError | None = None
+        self._result: ValidationResult | None = None
+
+    # --- parser callbacks ----------------------------------------------------------------------
+
+    def _on_part_begin(self) -> None:
+        self._headers = {}
+        self._part = None
+
+    def _on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_field += data[start:end]
+
+    def _on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def _on_header_end(self) -> None:
+        self._headers[bytes(self._header_field).lower()] = bytes(self._header_value)
+        self._header_field = bytearray()
+        self._header_value = bytearray()
+
+    def _on_headers_finished(self) -> None:
+        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        name = options.get(b"name", b"").decode("utf-8", "replace")
+        if name == "file":
+            self.file_parts += 1
+            if self.file_parts > 1:
+                self._fail(
+                    APIError(400, "Only one file may be uploaded per request.", param="file")
+                )
+                self._part = ""
+                return
+            raw_name = options.get(b"filename")
+            self.filename = _clean_filename(
+                raw_name.decode("utf-8", "replace") if raw_name is not None else "upload.jsonl"
+            )
+            self._part = "file"
+        else:
+            self._part = name
+            self._field = bytearray()
+
+    def _on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._part == "file":
+            self._pending += data[start:end]
+            self.file_bytes += end - start
+        elif self._part:
+            if len(self._field) + (end - start) > MAX_FIELD_BYTES:
+                self._fail(
+                    APIError(400, f"Form field {self._part!r} is too long.", param=self._part)
+                )
+                self._part = ""
+                return
+            self._field += data[start:end]
+
+    def _on_part_end(self) -> None:
+        if self._part and self._part != "file":
+            value = self._field.decode("utf-8", "replace")
+            self.fields.setdefault(self._part, value)
+            if self._part == "purpose" and value != "batch":
+                self._fail(
+                    APIError(
+                        400,
+                        f"Invalid value for 'purpose': {value[:64]!r}. This gateway accepts "
+                        "only 'batch' uploads.",
+                        param="purpose",
+                        code="invalid_value",
+                    )
+                )
+
+    def _fail(self, error: APIError) -> None:
+        if self._error is None:
+            self._error = error
+
+    # --- driving -------------------------------------------------------------------------------
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            413,
+            f"File is too large: the limit is {self.max_bytes} bytes.",
+            param="file",
+            code="file_too_large",
+        )
+
+    def _parser(self) -> MultipartParser:
+        content_type = self.request.headers.get("content-type", "")
+        kind, options = parse_options_header(content_type)
+        boundary = options.get(b"boundary")
+        if kind != b"multipart/form-data" or not boundary:
+            raise APIError(
+                400,
+                "Uploads must be multipart/form-data with a 'file' and a 'purpose' field.",
+                param="file",
+                code="invalid_content_type",
+            )
+        callbacks: Any = {
+            "on_part_begin": self._on_part_begin,
+            "on_part_data": self._on_part_data,
+            "on_part_end": self._on_part_end,
+            "on_header_field": self._on_header_field,
+            "on_header_value": self._on_header_value,
+            "on_header_end": self._on_header_end,
+            "on_headers_finished": self._on_headers_finished,
+        }
+        return MultipartParser(boundary, callbacks)
+
+    def _write(self, pipe: _Pipe) -> StoredUpload:
+        """Worker thread: validate while streaming into the store."""
+
+        def checked() -> Iterator[bytes]:
+            for chunk in pipe.receive():
+                self._checker.feed(chunk)
+                yield chunk
+            self._result = self._checker.finish()
+
+        info = self.store.put(self.key, checked())
+        assert self._result is not None
+        return StoredUpload(info, self._result, self._checker.endpoint or DEFAULT_ENDPOINT)
+
+    async def _flush(self, final: bool = False) -> bool:
+        """Hand buffered file bytes to the worker; False when it stopped (a bad line)."""
+        if not self._pending or (not final and len(self._pending) < HANDOFF_BYTES):
+            return True
+        if self._pipe is None:
+            loop = asyncio.get_running_loop()
+            self._pipe = _Pipe(loop)
+            self._pipe.future = loop.run_in_executor(_EXECUTOR, self._write, self._pipe)
+        chunk, self._pending = bytes(self._pending), bytearray()
+        return await self._pipe.send(chunk)
+
+    async def run(self) -> StoredUpload | None:
+        """Read the whole request; the stored upload (None when no file part came)."""
+        length = self.request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > self.max_bytes + MULTIPART_OVERHEAD:
+            raise self._too_large()
+        parser = self._parser()
+        received = 0
+        writer_alive = True
+        try:
+            async for data in self.request.stream():
+                received += len(data)
+                if (
+                    received > self.max_bytes + MULTIPART_OVERHEAD
+                    or self.file_bytes > self.max_bytes
+                ):
+                    raise self._too_large()
+                if not data:
+                    continue
+                try:
+                    parser.write(data)
+                except MultipartParseError as exc:
+                    raise APIError(
+                        400, f"Malformed multipart body: {exc}", param="file", code="invalid_body"
+                    ) from exc
+                if self.file_bytes > self.max_bytes:
+                    raise self._too_large()
+                if writer_alive and self._error is None:
+                    writer_alive = await self._flush()
+                else:
+                    self._pending = bytearray()  # draining after a bad line
+            try:
+                parser.finalize()
+            except MultipartParseError as exc:
+                raise APIError(
+                    400, f"Malformed multipart body: {exc}", param="file", code="invalid_body"
+                ) from exc
+            if self._error is not None:
+                raise self._error
+            if self.file_parts == 0:
+                return None
+            if writer_alive:
+                writer_alive = await self._flush(final=True)
+            if self._pipe is None:  # an empty file: still validated (and rejected)
+                loop = asyncio.get_running_loop()
+                self._pipe = _Pipe(loop)
+                self._pipe.future = loop.run_in_executor(_EXECUTOR, self._write, self._pipe)
+            if writer_alive:
+                await self._pipe.send(_END)
+            assert self._pipe.future is not None
+            try:
+                return await self._pipe.future  # type: ignore[no-any-return]
+            except BadLine as bad:
+                raise bad_line_error(bad.problem) from bad
+        except ClientDisconnect as exc:
+            raise APIError(400, "The client closed the upload early.", param="file") from exc
+        finally:
+            pipe = self._pipe
+            if pipe is not None and pipe.future is not None and not pipe.future.done():
+                pipe.abort()
+                with contextlib.suppress(BaseException):  # the abort's own _Aborted
+                    await pipe.future
+
+
+def _clean_filename(name: str) -> str:
+    base = re.split(r"[\\/]", name)[-1].strip()
+    base = "".join(ch for ch in base if ch.isprintable())
+    return (base or "upload.jsonl")[:512]
