@@ -834,6 +834,7 @@ def create_app(
         description="OpenAI-compatible Files, Batches and Models API (served under /v1 and "
         "/openai/v1).",
         lifespan=lifespan,
+        redirect_slashes=False,
     )
     install_handlers(app)
     app.include_router(router, prefix="/v1")
