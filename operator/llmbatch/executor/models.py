@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -23,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 CACHE_ENV = "LLMBATCH_CACHE"
+#: Bump when the conversion recipe changes: prepared folders are named after it.
+RECIPE = "r2"
+#: SmolLM2-Instruct's recommended sampling, written into the converted generation_config.json.
+GENERATION_DEFAULTS = {"temperature": 0.2, "top_p": 0.9}
 
 
 def cache_dir() -> Path:
@@ -64,7 +69,7 @@ class KnownModel:
         """Where the engine loads the model from (prepared or not)."""
         if self.gguf_file is None:
             return self.package_dir() / self.subdir
-        return cache_dir() / "models" / f"{self.name}-{self.version()}-fp32"
+        return cache_dir() / "models" / f"{self.name}-{self.version()}-fp32-{RECIPE}"
 
     def is_prepared(self) -> bool:
         try:
@@ -155,6 +160,12 @@ def _convert_gguf(source: Path, gguf_file: str, out: Path, *, verify: bool) -> N
     model.config.dtype = torch.float32
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    # Sampling defaults the model card recommends (vLLM applies generation_config.json when a
+    # request does not say): plain temperature 1.0 makes this small model ramble.
+    generation = out / "generation_config.json"
+    config = json.loads(generation.read_text()) if generation.is_file() else {}
+    config.update(GENERATION_DEFAULTS)
+    generation.write_text(json.dumps(config, indent=2) + "\n")
     if verify:
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         encoded = tokenizer.apply_chat_template(

@@ -172,6 +172,8 @@ class ShardRunner:
                 )
             if self._halted:
                 return False
+            if self.results.pending_count >= 2 * self.spec.flush_lines:
+                await self._commit()  # backpressure: the store is behind the engine
             if self.stats.in_flight == 0:
                 self._last_result = time.monotonic()  # the watchdog times from the first request
             self.stats.in_flight += 1
@@ -245,7 +247,7 @@ class ShardRunner:
             self.stats.total_tokens += line.total_tokens
         else:
             self.stats.failed += 1
-        if self.results.pending_count >= self.spec.flush_lines:
+        if self.results.pending_count >= self.spec.flush_lines and not self._commit_tasks:
             task = asyncio.create_task(self._commit())
             self._commit_tasks.add(task)  # keep a reference until done
             task.add_done_callback(self._commit_tasks.discard)

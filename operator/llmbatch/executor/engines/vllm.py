@@ -190,6 +190,12 @@ class VllmEngine(Engine):
             return
         self._closed = True
         await self._stack.aclose()
+        client = self._client
+        if client is not None:
+            # Shut down by the context manager already; vLLM's AsyncLLM.__del__ would shut it
+            # down again at interpreter exit and fail noisily.
+            with contextlib.suppress(Exception):
+                client.shutdown = lambda *args, **kwargs: None
         # Drop the serving objects and the client now, not at interpreter exit (vLLM's
         # AsyncLLM.__del__ fails noisily when it runs during shutdown).
         self._chat = self._completion = self._embedding = self._client = None

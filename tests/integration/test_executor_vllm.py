@@ -1,0 +1,330 @@
+"""The executor on the real vLLM CPU engine (SmolLM2 for chat/completions, MiniLM for embeddings).
+
+Engine starts are the cost here (15 s import + 10-60 s start on 2 cores), so they are few:
+
+* one in-process SmolLM2 engine (module fixture) runs a chat shard and a completions shard at once;
+* one executor subprocess is stopped with SIGTERM (exit 75), its retry is SIGKILLed mid-shard, and
+  a third run finishes the shard: exactly one line per custom_id, no finished result lost;
+* one ``llmbatch run`` subprocess serves embeddings with MiniLM.
+
+Every output line is parsed with the ``openai`` SDK's own models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import openai.types
+import openai.types.chat
+import orjson
+import psutil
+import pytest
+
+from llmbatch.api.openai import BatchOutputLine
+from llmbatch.core.ids import batch_request_id, request_id
+from llmbatch.executor.chunks import list_chunks, read_progress
+from llmbatch.executor.engines import create_engine
+from llmbatch.executor.exitcodes import ExitCode
+from llmbatch.executor.main import run_shards
+from llmbatch.executor.runner import Outcome
+from llmbatch.executor.spec import ShardSpec
+from llmbatch.storage import FilesystemStore
+
+pytestmark = pytest.mark.slow
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def _chat(cid: str, content: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": CHAT,
+        "body": {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": content}],
+            "max_completion_tokens": 16,
+            "temperature": 0,
+            **extra,
+        },
+    }
+
+
+def _completion(cid: str, prompt: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": COMPLETIONS,
+        "body": {"model": "smollm2", "prompt": prompt, "max_tokens": 8, **extra},
+    }
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
+def _spec(root: Path, model: Path, key: str, endpoint: str, index: int, **extra: Any) -> ShardSpec:
+    return ShardSpec.model_validate(
+        {
+            "batch_id": "batch_it",
+            "batch_uid": "uid-it",
+            "shard_index": index,
+            "endpoint": endpoint,
+            "store": f"file://{root}",
+            "input_key": key,
+            "output_prefix": f"uid-it/shards/{index:05d}",
+            "model": {"name": "smollm2", "path": str(model)},
+            "engine": {"name": "vllm", "args": {"max_num_seqs": 8}},
+            "flush_lines": 4,
+            "flush_seconds": 1.0,
+            **extra,
+        }
+    )
+
+
+def _lines(root: Path, prefix: str, kind: str) -> list[dict[str, Any]]:
+    store = FilesystemStore(root)
+    out: list[dict[str, Any]] = []
+    for key in list_chunks(store, prefix, kind):  # type: ignore[arg-type]
+        out += [orjson.loads(raw) for raw in store.get(key).splitlines()]
+    return out
+
+
+# --- one in-process engine: chat + completions shards at once
+
+
+@pytest.fixture(scope="module")
+def smollm2_run(
+    tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path, vllm_env: dict[str, str]
+) -> tuple[Path, Outcome]:
+    root = tmp_path_factory.mktemp("vllm-store")
+    _write(
+        root / "chat.jsonl",
+        [
+            _chat("capital", "What is the capital of France?"),
+            _chat("seeded", "Say hello.", seed=1234, temperature=0.8),
+            _chat("ticket", "Summarize: I cannot sign in."),
+            _chat("toolong", "hello " * 3000),
+            _chat("badparam", "hi", temperature=-1),
+            _chat("wrongmodel", "hi", model="gpt-x"),
+        ],
+    )
+    _write(
+        root / "completions.jsonl",
+        [
+            _completion("c1", "The capital of France is"),
+            _completion("c2", "One, two, three,"),
+            _completion("cbad", "x", max_tokens=-5),
+        ],
+    )
+    for key, value in vllm_env.items():
+        os.environ.setdefault(key, value)
+    specs = [
+        _spec(root, smollm2_path, "chat.jsonl", CHAT, 0),
+        _spec(root, smollm2_path, "completions.jsonl", COMPLETIONS, 1),
+    ]
+
+    async def go() -> Outcome:
+        engine = create_engine(specs[0].engine, specs[0].model, specs[0].served_names())
+        await engine.start()
+        try:
+            store = FilesystemStore(root)
+            outcome, _ = await run_shards(specs, engine, [(store, store)] * 2, handle_signals=False)
+        finally:
+            await engine.close()
+        return outcome
+
+    return root, asyncio.run(go())
+
+
+def test_chat_lines_parse_with_the_sdk(smollm2_run: tuple[Path, Outcome]) -> None:
+    root, outcome = smollm2_run
+    assert outcome is Outcome.DONE
+    lines = {line["custom_id"]: line for line in _lines(root, "uid-it/shards/00000", "output")}
+    assert set(lines) == {"capital", "seeded", "ticket"}
+    for cid, line in lines.items():
+        parsed = BatchOutputLine.model_validate(line)
+        assert parsed.id == batch_request_id("uid-it", cid)
+        assert parsed.response is not None
+        assert parsed.response.request_id == request_id("uid-it", cid)
+        assert parsed.response.status_code == 200
+        assert parsed.error is None
+        completion = openai.types.chat.ChatCompletion.model_validate(parsed.response.body)
+        assert completion.model == "smollm2"
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens > 0
+    answer = lines["capital"]["response"]["body"]["choices"][0]["message"]["content"]
+    assert "Paris" in answer
+
+
+def test_engine_rejections_are_error_lines(smollm2_run: tuple[Path, Outcome]) -> None:
+    root, _ = smollm2_run
+    errors = {line["custom_id"]: line for line in _lines(root, "uid-it/shards/00000", "errors")}
+    assert set(errors) == {"toolong", "badparam", "wrongmodel"}
+    for line in errors.values():
+        assert line["error"] is None
+        assert line["response"]["status_code"] >= 400
+        body = line["response"]["body"]["error"]
+        assert body["message"]
+        assert body["type"] == "invalid_request_error"
+    assert errors["toolong"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
+    assert errors["wrongmodel"]["response"]["status_code"] == 404
+
+
+def test_completions_parse_with_the_sdk(smollm2_run: tuple[Path, Outcome]) -> None:
+    root, _ = smollm2_run
+    prefix = "uid-it/shards/00001"
+    lines = {line["custom_id"]: line for line in _lines(root, prefix, "output")}
+    assert set(lines) == {"c1", "c2"}
+    for line in lines.values():
+        completion = openai.types.Completion.model_validate(line["response"]["body"])
+        assert completion.choices[0].text
+    assert [line["custom_id"] for line in _lines(root, prefix, "errors")] == ["cbad"]
+    progress = read_progress(FilesystemStore(root), prefix)
+    assert progress is not None
+    assert progress.done
+    assert (progress.completed, progress.failed) == (2, 1)
+    assert progress.output_tokens == sum(
+        line["response"]["body"]["usage"]["completion_tokens"] for line in lines.values()
+    )
+
+
+# --- executor processes: SIGTERM, SIGKILL, resume
+
+
+def _executor(
+    spec: ShardSpec, term_log: Path, env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmbatch.executor",
+            "--shard-spec",
+            spec.model_dump_json(),
+            "--termination-log",
+            str(term_log),
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+
+
+def _wait_for_completed(
+    root: Path, prefix: str, at_least: int, proc: subprocess.Popen[bytes]
+) -> int:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "executor exited early"
+        progress = read_progress(FilesystemStore(root), prefix)
+        if progress is not None and progress.completed >= at_least:
+            return progress.completed
+        time.sleep(0.2)
+    raise AssertionError("no progress within 300 s")
+
+
+def test_sigterm_then_sigkill_then_resume(
+    tmp_path: Path, smollm2_path: Path, vllm_env: dict[str, str]
+) -> None:
+    n = 48
+    rows = [_chat(f"q{i:03d}", f"Count from {i} to {i + 20}.") for i in range(n)]
+    for row in rows:
+        row["body"]["max_completion_tokens"] = 48
+    _write(tmp_path / "in.jsonl", rows)
+    spec = _spec(tmp_path, smollm2_path, "in.jsonl", CHAT, 0, drain_seconds=1.0)
+    prefix = spec.output_prefix
+    term = tmp_path / "termination-log"
+    log = tmp_path / "executor.log"
+
+    # 1. SIGTERM mid-shard: distinct exit code, finished results committed
+    proc = _executor(spec, term, vllm_env, log)
+    _wait_for_completed(tmp_path, prefix, 4, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == ExitCode.PREEMPTED, log.read_text()[-3000:]
+    assert term.read_text().startswith("PREEMPTED")
+    after_term = _lines(tmp_path, prefix, "output")
+    progress = read_progress(FilesystemStore(tmp_path), prefix)
+    assert progress is not None
+    assert progress.state == "preempted"
+    assert progress.completed == len(after_term) >= 4
+
+    # 2. the retry is killed outright once it has committed more
+    proc = _executor(spec, term, vllm_env, log)
+    _wait_for_completed(tmp_path, prefix, len(after_term) + 4, proc)
+    family = psutil.Process(proc.pid).children(recursive=True)  # its engine core
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    for child in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+    # 3. the last run finishes the shard: one line per custom_id, earlier results kept
+    proc = _executor(spec, term, vllm_env, log)
+    assert proc.wait(timeout=600) == ExitCode.DONE, log.read_text()[-3000:]
+    lines = _lines(tmp_path, prefix, "output") + _lines(tmp_path, prefix, "errors")
+    ids = [line["custom_id"] for line in lines]
+    assert sorted(ids) == sorted(row["custom_id"] for row in rows)
+    kept = {line["custom_id"]: line for line in _lines(tmp_path, prefix, "output")}
+    for line in after_term:
+        assert kept[line["custom_id"]] == line
+    progress = read_progress(FilesystemStore(tmp_path), prefix)
+    assert progress is not None
+    assert progress.done
+    assert progress.attempts == 3
+
+
+# --- embeddings through `llmbatch run`
+
+
+def test_llmbatch_run_embeddings_with_minilm(
+    tmp_path: Path, minilm_path: Path, vllm_env: dict[str, str]
+) -> None:
+    rows = [
+        {
+            "custom_id": f"e{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "minilm", "input": text},
+        }
+        for i, text in enumerate(["a cat", "a dog", ["one", "two"]])
+    ]
+    requests = tmp_path / "emb.jsonl"
+    _write(requests, rows)
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "llmbatch"),
+            "run",
+            str(requests),
+            "-o",
+            str(out),
+            "-e",
+            str(err),
+            "--model",
+            "minilm",
+            "--no-progress",
+        ],
+        env=vllm_env,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    lines = [json.loads(raw) for raw in out.read_text().splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == ["e0", "e1", "e2"]
+    assert err.read_text() == ""
+    for line in lines:
+        body = openai.types.CreateEmbeddingResponse.model_validate(line["response"]["body"])
+        assert all(len(item.embedding) == 384 for item in body.data)
+        assert len(body.data) == (2 if line["custom_id"] == "e2" else 1)
