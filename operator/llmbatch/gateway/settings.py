@@ -44,8 +44,6 @@ class GatewaySettings:
     """``LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES``: largest accepted file upload (413 above)."""
     key_resync_seconds: int = 30
     """``LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS``: full re-list period of the key Secrets."""
-    max_list_objects: int = 10000
-    """``LLMBATCH_GATEWAY_MAX_LIST``: files/batches read per tenant for one list call."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> GatewaySettings:
@@ -61,5 +59,4 @@ class GatewaySettings:
                 values, "LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES
             ),
             key_resync_seconds=_int(values, "LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS", 30),
-            max_list_objects=_int(values, "LLMBATCH_GATEWAY_MAX_LIST", 10000),
         )
