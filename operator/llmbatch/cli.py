@@ -13,6 +13,8 @@ _SUBCOMMANDS: dict[str, str] = {
     "run": "llmbatch.commands.run:run",
     "models": "llmbatch.commands.models:models",
     "operator": "llmbatch.commands.operator:operator",
+    "gateway": "llmbatch.commands.gateway:gateway",
+    "keys": "llmbatch.commands.keys:keys",
 }
 
 
