@@ -1,0 +1,136 @@
+"""The upload path without a cluster: UploadChecker, and the app on an in-memory Kubernetes."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from llmbatch.core.validation import ValidationLimits
+from llmbatch.gateway.upload import BadLine, UploadChecker
+from tests.fixtures.gateway import FakeGateway, auth
+
+
+def _line(i: int, url: str = "/v1/chat/completions") -> bytes:
+    row = {"custom_id": f"r{i}", "method": "POST", "url": url, "body": {"model": "m"}}
+    return json.dumps(row).encode() + b"\n"
+
+
+def _check(data: bytes, chunk: int = 7) -> UploadChecker:
+    checker = UploadChecker(ValidationLimits())
+    for start in range(0, len(data), chunk):
+        checker.feed(data[start : start + chunk])
+    checker.finish()
+    return checker
+
+
+@pytest.mark.parametrize("url", ["/v1/embeddings", "/openai/v1/embeddings"])
+def test_endpoint_comes_from_the_first_line(url: str) -> None:
+    data = b"\xef\xbb\xbf\n  \n" + _line(1, url) + _line(2, "/v1/embeddings")
+    assert _check(data).endpoint == "/v1/embeddings"
+
+
+def test_a_later_line_with_another_endpoint_names_its_line() -> None:
+    with pytest.raises(BadLine) as err:
+        _check(_line(1) + _line(2) + _line(3, "/v1/embeddings"))
+    assert err.value.problem.line == 3
+    assert err.value.problem.code == "mismatched_url"
+
+
+def test_unsupported_endpoint_on_the_first_line() -> None:
+    with pytest.raises(BadLine) as err:
+        _check(b"\n" + _line(1, "/v1/audio/speech"))
+    assert err.value.problem.code == "unsupported_endpoint"
+    assert err.value.problem.line == 2
+
+
+def test_empty_and_broken_first_lines() -> None:
+    with pytest.raises(BadLine) as err:
+        _check(b"\n\n")
+    assert err.value.problem.code == "empty_file"
+    with pytest.raises(BadLine) as err:
+        _check(b"{nope\n" + _line(2))
+    assert err.value.problem.code == "invalid_json_line"
+    assert err.value.problem.line == 1
+    assert _check(_line(1).rstrip(b"\n")).endpoint == "/v1/chat/completions"  # no final newline
+
+
+# --- the app on FakeKube ------------------------------------------------------------------------
+
+
+def _upload(gw: FakeGateway, key: str, data: bytes) -> Any:
+    return gw.client.post(
+        "/v1/files", headers=auth(key), files={"file": ("r.jsonl", data)}, data={"purpose": "batch"}
+    )
+
+
+def _create(gw: FakeGateway, key: str, file_id: str, **extra: Any) -> Any:
+    body = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    headers = {**auth(key), **extra.pop("headers", {})}
+    return gw.client.post("/v1/batches", headers=headers, json={**body, **extra})
+
+
+def test_upload_errors_and_purpose(fake_gateway: FakeGateway) -> None:
+    key = fake_gateway.key("team-a")
+    bad = _upload(fake_gateway, key, _line(1) + b"[]\n")
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_json_line"
+    assert "Line 2" in bad.json()["error"]["message"]
+    assert not list((fake_gateway.store_root).rglob("file-*"))
+    wrong = fake_gateway.client.post(
+        "/v1/files",
+        headers=auth(key),
+        files={"file": ("r.jsonl", _line(1))},
+        data={"purpose": "fine-tune"},
+    )
+    assert wrong.status_code == 400
+    assert wrong.json()["error"]["param"] == "purpose"
+    missing = fake_gateway.client.post(
+        "/v1/files", headers=auth(key), files={"file": ("r.jsonl", _line(1))}
+    )
+    assert missing.status_code == 400
+    no_file = fake_gateway.client.post("/v1/files", headers=auth(key), data={"purpose": "batch"})
+    assert no_file.status_code == 400
+    not_multipart = fake_gateway.client.post("/v1/files", headers=auth(key), content=b"x")
+    assert not_multipart.status_code == 400
+    big = _upload(fake_gateway, key, _line(1) * 20000)  # > the fixture's 1 MB cap
+    assert big.status_code == 413
+    assert not list((fake_gateway.store_root).rglob("file-*"))
+
+
+def test_idempotency_scopes_and_revocation(fake_gateway: FakeGateway) -> None:
+    key = fake_gateway.key("team-a", name="writer")
+    file_a = _upload(fake_gateway, key, _line(1)).json()["id"]
+    file_b = _upload(fake_gateway, key, _line(2)).json()["id"]
+    first = _create(fake_gateway, key, file_a, headers={"Idempotency-Key": "k"})
+    again = _create(fake_gateway, key, file_a, headers={"Idempotency-Key": "k"})
+    assert first.status_code == again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    conflict = _create(fake_gateway, key, file_b, headers={"Idempotency-Key": "k"})
+    assert conflict.status_code == 409
+    reader = fake_gateway.key("team-a", scopes="inference:read")
+    assert fake_gateway.client.get("/v1/batches", headers=auth(reader)).status_code == 200
+    assert _create(fake_gateway, reader, file_a).status_code == 403
+    fake_gateway.kube.delete_secret("writer")
+    deadline = time.monotonic() + 5
+    while fake_gateway.client.get("/v1/files", headers=auth(key)).status_code != 401:
+        assert time.monotonic() < deadline, "revoked key still accepted"
+        time.sleep(0.01)
+
+
+def test_queue_limit_counts_non_terminal_batches(fake_gateway: FakeGateway) -> None:
+    key = fake_gateway.key("team-q")
+    fake_gateway.kube.namespaces["team-q"] = {"llmbatch.io/max-queued-requests": "3"}
+    file_id = _upload(fake_gateway, key, _line(1) + _line(2)).json()["id"]
+    first = _create(fake_gateway, key, file_id)
+    assert first.status_code == 200
+    assert _create(fake_gateway, key, file_id).status_code == 429
+    name = "batch-" + first.json()["id"].removeprefix("batch_")
+    fake_gateway.kube.objects[("batches", "team-q", name)]["status"] = {"status": "completed"}
+    assert _create(fake_gateway, key, file_id).status_code == 200
