@@ -90,9 +90,14 @@ class Gateway:
     keyring: KeyRing
 
 
-def gateway_of(request: Request) -> Gateway:
+def _state(request: Request) -> Gateway:
     gw: Gateway = request.app.state.gateway
     return gw
+
+
+async def gateway_of(request: Request) -> Gateway:
+    """The dependency (async: a sync dependency would cost a thread-pool hop per request)."""
+    return _state(request)
 
 
 _bearer = HTTPBearer(
@@ -104,7 +109,7 @@ async def authenticate(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    gw = gateway_of(request)
+    gw = _state(request)
     if credentials is None or not credentials.credentials:
         metrics.AUTH_FAILURES.labels("missing").inc()
         raise unauthorized(
@@ -847,14 +852,14 @@ def create_app(
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz(request: Request) -> Response:
-        gw = gateway_of(request)
+        gw = _state(request)
         if not gw.keyring.loaded:
             return Response(b'{"status":"keys not loaded"}', 503, media_type="application/json")
         return Response(b'{"status":"ok"}', media_type="application/json")
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:
-        metrics.API_KEYS.set(len(gateway_of(request).keyring))
+        metrics.API_KEYS.set(len(_state(request).keyring))
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(metrics.MetricsMiddleware)

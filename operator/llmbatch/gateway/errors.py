@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -120,6 +121,19 @@ def install_handlers(app: FastAPI) -> None:
             return error_response(405, message, INVALID_REQUEST, None, "method_not_allowed")
         return error_response(
             exc.status_code, str(exc.detail), INVALID_REQUEST, None, None, dict(exc.headers or {})
+        )
+
+    @app.exception_handler(TimeoutError)
+    @app.exception_handler(aiohttp.ClientError)
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("backend unreachable on %s %s: %r", request.method, request.url.path, exc)
+        return error_response(
+            503,
+            "The service is temporarily unable to reach its backing store; retry shortly.",
+            "server_error",
+            None,
+            "service_unavailable",
+            {"Retry-After": "1"},
         )
 
     @app.exception_handler(Exception)

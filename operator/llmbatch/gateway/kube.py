@@ -22,6 +22,7 @@ from llmbatch.gateway.errors import APIError
 log = logging.getLogger(__name__)
 
 KEY_LABEL = "llmbatch.io/api-key"
+TIMEOUT = 15  # seconds per API call; a hung API server becomes a 503, never a hung request
 
 
 class Conflict(Exception):
@@ -115,7 +116,7 @@ class GatewayKube:
     async def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name
+                GROUP, VERSION, namespace, plural, name, _request_timeout=TIMEOUT
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -131,7 +132,7 @@ class GatewayKube:
             kwargs["label_selector"] = label_selector
         try:
             listing = await self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, **kwargs
+                GROUP, VERSION, namespace, plural, _request_timeout=TIMEOUT, **kwargs
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -143,7 +144,7 @@ class GatewayKube:
     async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             created: dict[str, Any] = await self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, body
+                GROUP, VERSION, namespace, plural, body, _request_timeout=TIMEOUT
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -167,7 +168,7 @@ class GatewayKube:
     ) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name, patch
+                GROUP, VERSION, namespace, plural, name, patch, _request_timeout=TIMEOUT
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -178,7 +179,7 @@ class GatewayKube:
     async def delete(self, plural: str, namespace: str, name: str) -> bool:
         try:
             await self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name
+                GROUP, VERSION, namespace, plural, name, _request_timeout=TIMEOUT
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -188,7 +189,9 @@ class GatewayKube:
 
     async def list_pools(self) -> list[dict[str, Any]]:
         try:
-            listing = await self.custom.list_cluster_custom_object(GROUP, VERSION, "batchpools")
+            listing = await self.custom.list_cluster_custom_object(
+                GROUP, VERSION, "batchpools", _request_timeout=TIMEOUT
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return []
@@ -200,7 +203,7 @@ class GatewayKube:
 
     async def namespace_annotations(self, namespace: str) -> dict[str, str] | None:
         try:
-            ns = await self.core.read_namespace(namespace)
+            ns = await self.core.read_namespace(namespace, _request_timeout=TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -209,7 +212,7 @@ class GatewayKube:
 
     async def list_key_secrets(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
         listing = await self.core.list_namespaced_secret(
-            namespace, label_selector=f"{KEY_LABEL}=true"
+            namespace, label_selector=f"{KEY_LABEL}=true", _request_timeout=TIMEOUT
         )
         items = [self._plain(item) for item in listing.items]
         return items, str(listing.metadata.resource_version or "")
