@@ -10,6 +10,7 @@ import click
 # `llmbatch validate` never pays for importing vLLM or the Kubernetes client.
 _SUBCOMMANDS: dict[str, str] = {
     "validate": "llmbatch.commands.validate:validate",
+    "dev": "llmbatch.commands.dev:dev",
     "run": "llmbatch.commands.run:run",
     "models": "llmbatch.commands.models:models",
     "operator": "llmbatch.commands.operator:operator",

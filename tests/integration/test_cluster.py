@@ -1,0 +1,418 @@
+"""The dev cluster is a real control plane: Jobs run through the real Job controller, scheduler and
+the process node agent; RBAC and CRD validation are the apiserver's own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from llmbatch.devcluster import DevCluster
+from tests.fixtures.cluster import Kube, kubectl
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def job(name: str, script: str, **spec: Any) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "python:3.11-slim",  # ignored by the node agent
+        "command": ["python", "-c", textwrap.dedent(script)],
+    }
+    container.update(spec.pop("container", {}))
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": spec.pop("restartPolicy", "Never"),
+        "terminationGracePeriodSeconds": spec.pop("terminationGracePeriodSeconds", 5),
+        "containers": [container],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": pod_spec}, **spec},
+    }
+
+
+def test_nodes_are_gpu_nodes(kube: Kube) -> None:
+    nodes = json.loads(kube.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    assert len(nodes) == 2
+    for node in nodes:
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        assert node["metadata"]["labels"]["nvidia.com/gpu.count"] == "8"
+        assert "nvidia.com/gpu.product" in node["metadata"]["labels"]
+        ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
+        assert ready == "True"
+        assert not [t for t in node["spec"].get("taints") or [] if "not-ready" in t["key"]]
+
+
+def test_indexed_job_runs_to_completion(kube: Kube) -> None:
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "creds"},
+            "stringData": {"token": "s3cret"},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "settings"},
+            "data": {"MODE": "fast", "greeting": "hello"},
+        },
+    )
+    script = """
+        import os, sys
+        assert os.environ["TOKEN"] == "s3cret", os.environ
+        assert os.environ["MODE"] == "fast"
+        assert os.getcwd() == os.environ["WORKDIR"], (os.getcwd(), os.environ["WORKDIR"])
+        env = os.environ
+        message = " ".join([sys.argv[1], env["POD_NAME"], env["JOB_COMPLETION_INDEX"]])
+        print("writing", message, flush=True)
+        with open("/dev/termination-log", "w") as f:
+            f.write(message)
+    """
+    workdir = kube.cluster.state_dir / "work" / kube.namespace
+    manifest = job(
+        "twice",
+        script,
+        completions=2,
+        parallelism=2,
+        completionMode="Indexed",
+        container={
+            "args": ["$(GREETING)-$(MISSING)"],
+            "workingDir": str(workdir),
+            "env": [
+                {"name": "WORKDIR", "value": str(workdir)},
+                {
+                    "name": "TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}},
+                },
+                {
+                    "name": "GREETING",
+                    "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "greeting"}},
+                },
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            ],
+            "envFrom": [{"configMapRef": {"name": "settings"}}],
+        },
+    )
+    kube.apply(manifest)
+    finished = kube.wait_job("twice", "Complete", timeout=90)
+    assert finished["status"]["succeeded"] == 2
+    pods = kube.pods("job-name=twice")
+    succeeded = [p for p in pods if p["status"]["phase"] == "Succeeded"]
+    assert len(succeeded) == 2, kube.diagnostics()
+    messages = set()
+    for pod in succeeded:
+        (status,) = pod["status"]["containerStatuses"]
+        terminated = status["state"]["terminated"]
+        assert terminated["exitCode"] == 0
+        assert terminated["reason"] == "Completed"
+        messages.add(terminated["message"])
+        conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+        assert conditions["PodScheduled"] == "True"
+        assert conditions["Initialized"] == "True"
+        assert conditions["Ready"] == "False"
+        assert pod["spec"]["nodeName"].startswith("gpu-node-")
+        assert "writing hello-$(MISSING)" in kube.pod_logs(pod["metadata"]["name"])
+    indexes = sorted(m.rsplit(" ", 1)[1] for m in messages)
+    assert indexes == ["0", "1"]
+    assert all(m.startswith("hello-$(MISSING) twice-") for m in messages)
+
+
+def test_too_many_gpus_stays_pending(kube: Kube) -> None:
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "greedy"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "none",
+                        "command": ["python", "-c", "pass"],
+                        "resources": {"limits": {"nvidia.com/gpu": "16"}},
+                    }
+                ]
+            },
+        }
+    )
+
+    def failed_scheduling() -> dict[str, Any] | None:
+        for event in kube.events():
+            if event.get("reason") == "FailedScheduling":
+                return event
+        return None
+
+    event = kube.wait_for(failed_scheduling, timeout=30, what="a FailedScheduling event")
+    assert "nvidia.com/gpu" in event["message"]
+    pod = kube.get("pod", "greedy")
+    assert pod["status"]["phase"] == "Pending"
+    assert not pod["spec"].get("nodeName")
+
+
+def test_backoff_limit_and_pod_failure_policy(kube: Kube) -> None:
+    # backoffLimit 1: the first failure is retried once (after the Job controller's 10s back-off).
+    kube.apply(job("flaky", "import sys; sys.exit(3)", backoffLimit=1))
+    # A podFailurePolicy rule on exit code 42 fails the Job at once despite backoffLimit 6.
+    kube.apply(
+        job(
+            "fatal",
+            "import sys; sys.exit(42)",
+            backoffLimit=6,
+            podFailurePolicy={
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": "main",
+                            "operator": "In",
+                            "values": [42],
+                        },
+                    }
+                ]
+            },
+        )
+    )
+    # restartPolicy OnFailure: the node agent restarts the container; restarts count as failures.
+    kube.apply(
+        job("restarts", "import sys; sys.exit(1)", backoffLimit=2, restartPolicy="OnFailure")
+    )
+
+    fatal = kube.wait_job("fatal", "Failed", timeout=60)
+    reasons = {c["type"]: c.get("reason") for c in fatal["status"]["conditions"]}
+    assert reasons["Failed"] == "PodFailurePolicy"
+    assert fatal["status"].get("failed", 0) == 1
+
+    flaky = kube.wait_job("flaky", "Failed", timeout=90)
+    reasons = {c["type"]: c.get("reason") for c in flaky["status"]["conditions"]}
+    assert reasons["Failed"] == "BackoffLimitExceeded"
+    assert flaky["status"]["failed"] == 2
+    exit_codes = [
+        p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"]
+        for p in kube.pods("job-name=flaky")
+    ]
+    assert exit_codes == [3, 3]
+
+    restarts = kube.wait_job("restarts", "Failed", timeout=90)
+    reasons = {c["type"]: c.get("reason") for c in restarts["status"]["conditions"]}
+    assert reasons["Failed"] == "BackoffLimitExceeded"
+
+
+def test_deleting_a_running_job_sends_sigterm(kube: Kube, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    script = f"""
+        import os, signal, sys, time
+        marker = {str(marker)!r}
+        def stop(signum, frame):
+            with open(marker, "a") as f:
+                f.write("SIGTERM\\n")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        with open(marker, "w") as f:
+            f.write(f"started {{os.getpid()}}\\n")
+        time.sleep(600)
+    """
+    kube.apply(job("sleeper", script, terminationGracePeriodSeconds=10))
+    started = kube.wait_for(
+        lambda: marker.exists() and marker.read_text(), timeout=60, what="the pod process to start"
+    )
+    pid = int(started.split()[1])
+    kube.wait_for(
+        lambda: any(p["status"].get("phase") == "Running" for p in kube.pods("job-name=sleeper")),
+        timeout=30,
+        what="pod Running",
+    )
+    kube.kubectl("delete", "job", "sleeper", "--wait=false")
+    kube.wait_for(
+        lambda: "SIGTERM" in marker.read_text(), timeout=30, what="SIGTERM seen by the process"
+    )
+    kube.wait_for(lambda: not _alive(pid), timeout=15, what=f"process {pid} to exit")
+    kube.wait_for(
+        lambda: not kube.pods("job-name=sleeper"), timeout=30, what="the pod to be removed"
+    )
+
+
+def test_active_deadline_kills_pod(kube: Kube) -> None:
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "slow"},
+            "spec": {
+                "restartPolicy": "Never",
+                "activeDeadlineSeconds": 2,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {"name": "main", "image": "none", "command": ["sleep", "300"]},
+                ],
+            },
+        }
+    )
+    pod = kube.wait_pod_phase("slow", "Failed", timeout=30)
+    assert pod["status"]["reason"] == "DeadlineExceeded"
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 143
+
+
+def test_rbac_denies_service_account(kube: Kube, kube_api: Any) -> None:
+    user = f"system:serviceaccount:{kube.namespace}:default"
+    result = kube.kubectl("get", "secrets", f"--as={user}", check=False)
+    assert result.returncode != 0
+    assert "Forbidden" in result.stderr, result.stderr
+    assert (
+        kube.kubectl("auth", "can-i", "list", "secrets", f"--as={user}", check=False).stdout.strip()
+        == "no"
+    )
+
+    async def as_service_account() -> int:
+        api = await kube_api()
+        try:
+            api.set_default_header("Impersonate-User", user)
+            try:
+                await client.CoreV1Api(api).list_namespaced_secret(kube.namespace)
+            except ApiException as err:
+                return int(err.status)
+            return 200
+        finally:
+            await api.close()
+
+    assert asyncio.run(as_service_account()) == 403
+
+    # Granting the right through a RoleBinding makes the same request succeed.
+    kube.kubectl("create", "role", "read-secrets", "--verb=list", "--resource=secrets")
+    kube.kubectl(
+        "create",
+        "rolebinding",
+        "read-secrets",
+        "--role=read-secrets",
+        f"--serviceaccount={kube.namespace}:default",
+    )
+    kube.wait_for(
+        lambda: kube.kubectl("get", "secrets", f"--as={user}", check=False).returncode == 0,
+        timeout=10,
+        what="RBAC to allow the service account",
+    )
+
+
+INLINE_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.devcluster.llmbatch.io"},
+    "spec": {
+        "group": "devcluster.llmbatch.io",
+        "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["min", "max"],
+                                "properties": {
+                                    "min": {"type": "integer"},
+                                    "max": {"type": "integer"},
+                                },
+                                "x-kubernetes-validations": [
+                                    {
+                                        "rule": "self.min <= self.max",
+                                        "message": "min must not exceed max",
+                                    }
+                                ],
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _validation_messages(node: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for rule in node.get("x-kubernetes-validations") or []:
+            if "message" in rule:
+                found.add(rule["message"])
+        for value in node.values():
+            found |= _validation_messages(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _validation_messages(value)
+    return found
+
+
+def test_crds_apply_and_validate(kube: Kube, dev_cluster: DevCluster) -> None:
+    crd_files = sorted((REPO / "crds").glob("*.yaml"))
+    kubectl(dev_cluster.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(INLINE_CRD))
+    for path in crd_files:
+        kubectl(dev_cluster.kubeconfig, "apply", "--server-side", "-f", str(path))
+    names = [INLINE_CRD["metadata"]["name"]]  # type: ignore[index]
+    names += [yaml.safe_load(p.read_text())["metadata"]["name"] for p in crd_files]
+    kubectl(
+        dev_cluster.kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        *[f"crd/{n}" for n in names],
+    )
+
+    good = {
+        "apiVersion": "devcluster.llmbatch.io/v1",
+        "kind": "Widget",
+        "metadata": {"name": "ok"},
+        "spec": {"min": 1, "max": 2},
+    }
+    kube.apply(good)
+    bad = {**good, "metadata": {"name": "bad"}, "spec": {"min": 3, "max": 2}}
+    result = kube.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+    assert result.returncode != 0
+    assert "min must not exceed max" in result.stderr, result.stderr
+    assert "Invalid" in result.stderr
+
+    batches = [p for p in crd_files if p.name.startswith("batches.")]
+    if batches:
+        crd = yaml.safe_load(batches[0].read_text())
+        version = next(v for v in crd["spec"]["versions"] if v.get("served"))
+        invalid = {
+            "apiVersion": f"{crd['spec']['group']}/{version['name']}",
+            "kind": crd["spec"]["names"]["kind"],
+            "metadata": {"name": "invalid"},
+            # Neither an input file nor inline requests, and not a known endpoint.
+            "spec": {"endpoint": "/v1/nope"},
+        }
+        result = kube.kubectl("apply", "-f", "-", input=json.dumps(invalid), check=False)
+        assert result.returncode != 0, "the Batch CRD accepted an invalid object"
+        assert "Invalid" in result.stderr, result.stderr
+        messages = _validation_messages(version)
+        assert any(m in result.stderr for m in messages) or "Unsupported value" in result.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
