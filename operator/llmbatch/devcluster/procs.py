@@ -116,3 +116,28 @@ def reap_children() -> None:
             return
         if pid == 0:
             return
+
+
+def watchdog(pid: int, marker: str, interval: float = 0.5) -> None:
+    """Wait for process ``pid`` to end, then kill every process carrying ``marker``.
+
+    The supervisor starts this in its own session, so that pod processes (and their children,
+    which PR_SET_PDEATHSIG does not reach) die even when the supervisor is SIGKILLed.
+    """
+    import time
+
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            pass
+        else:
+            if _is_zombie(Path(f"/proc/{pid}")):
+                break
+        time.sleep(interval)
+    # Two sweeps: a process may fork between the scan and the kill.
+    for _ in range(2):
+        kill_marked(marker)
+        time.sleep(0.2)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -171,6 +172,7 @@ class Supervisor:
             loop.add_signal_handler(sig, self._stop.set)
         become_subreaper()
         kill_marked(self.marker)  # leftovers of a supervisor that was SIGKILLed
+        self._start_watchdog()
         self._status("starting")
         began = time.monotonic()
         agent_task: asyncio.Task[None] | None = None
@@ -244,6 +246,26 @@ class Supervisor:
                 previous = read_status(self.state_dir)
                 self._status("failed", error=previous.get("error", "see supervisor.log"))
         return code
+
+    def _start_watchdog(self) -> None:
+        """A separate process that kills everything carrying the marker once this one is gone
+        (even by SIGKILL). It has no marker itself, and its own session."""
+        env = {k: v for k, v in os.environ.items() if k != MARKER_ENV}
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llmbatch.devcluster",
+                "watchdog",
+                str(os.getpid()),
+                self.marker,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
 
     async def _wait_controlplane(self) -> None:
         while self.controlplane.process and self.controlplane.process.poll() is None:
