@@ -21,9 +21,9 @@ import subprocess
 import sys
 import time
 
+from llmbatch.api.shard import ModelRef
 from llmbatch.executor.engines.vllm import COMMON_ENV, CPU_ENGINE_DEFAULTS, CPU_ENV, engine_argv
 from llmbatch.executor.models import resolve
-from llmbatch.executor.spec import ModelRef
 
 DATA = pathlib.Path(__file__).resolve().parent / ".data" / "executor"
 BIN = pathlib.Path(sys.executable).parent

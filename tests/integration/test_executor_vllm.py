@@ -30,14 +30,14 @@ import psutil
 import pytest
 
 from llmbatch.api.openai import BatchOutputLine
+from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
-from llmbatch.executor.chunks import list_chunks, read_progress
 from llmbatch.executor.engines import create_engine
 from llmbatch.executor.exitcodes import ExitCode
 from llmbatch.executor.main import run_shards
 from llmbatch.executor.runner import Outcome
-from llmbatch.executor.spec import ShardSpec
 from llmbatch.storage import FilesystemStore
+from llmbatch.storage.shardresults import list_chunks, read_progress
 
 pytestmark = pytest.mark.slow
 

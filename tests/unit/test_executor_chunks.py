@@ -8,7 +8,8 @@ from collections.abc import Iterable, Iterator
 import orjson
 import pytest
 
-from llmbatch.executor.chunks import (
+from llmbatch.storage.base import ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore
+from llmbatch.storage.shardresults import (
     ShardResults,
     chunk_key,
     list_chunks,
@@ -17,7 +18,6 @@ from llmbatch.executor.chunks import (
     result_line,
     usage_of,
 )
-from llmbatch.storage.base import ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore
 
 
 class MemoryStore(ObjectStore):

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from llmbatch.executor.chunks import list_chunks, read_progress
 from llmbatch.executor.exitcodes import ExitCode
 from llmbatch.storage import FilesystemStore
+from llmbatch.storage.shardresults import list_chunks, read_progress
 
 PREFIX = "u1/shards/00000"
 

@@ -10,11 +10,11 @@ import orjson
 import pytest
 
 from llmbatch.api.openai import BatchOutputLine
+from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
-from llmbatch.executor.chunks import list_chunks, read_progress
 from llmbatch.executor.engines.simulated import SimulatedEngine
 from llmbatch.executor.runner import Outcome, ShardRunner
-from llmbatch.executor.spec import ShardSpec
+from llmbatch.storage.shardresults import list_chunks, read_progress
 from tests.unit.test_executor_chunks import MemoryStore
 
 PREFIX = "u1/shards/00000"

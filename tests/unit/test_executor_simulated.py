@@ -9,9 +9,9 @@ import openai.types
 import openai.types.chat
 import pytest
 
+from llmbatch.api.shard import EngineSpec, ModelRef
 from llmbatch.executor.engines import EngineConfigError, EngineRequest, create_engine
 from llmbatch.executor.engines.simulated import FINGERPRINT, SimulatedEngine
-from llmbatch.executor.spec import EngineSpec, ModelRef
 
 
 def _ask(engine: SimulatedEngine, url: str, body: dict[str, Any], cid: str = "c1") -> Any:

@@ -180,7 +180,7 @@ def test_sort_key_uses_nanosecond_annotation_then_creation_time() -> None:
     assert batch_sort_key(b) > batch_sort_key(a)
     c = _batch()
     del c["metadata"]["annotations"]
-    assert batch_sort_key(c)[0] == 1795953600 * 10**9
+    assert batch_sort_key(c)[0] == 1795953600 * 10**9 + 999_999_999
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from typing import Any
 import click
 import orjson
 
+from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 from llmbatch.core.validation import (
     UnsupportedEndpoint,
     ValidationLimits,
@@ -30,15 +31,14 @@ from llmbatch.core.validation import (
     normalize_endpoint,
     validate_stream,
 )
-from llmbatch.executor.chunks import list_chunks
 from llmbatch.executor.engines import EngineConfigError, create_engine
 from llmbatch.executor.exitcodes import ExitCode
 from llmbatch.executor.main import run_shards
 from llmbatch.executor.models import MODELS, ModelNotAvailable, resolve
 from llmbatch.executor.runner import Outcome, ShardRunner
-from llmbatch.executor.spec import EngineSpec, ModelRef, ShardSpec
 from llmbatch.storage import FilesystemStore
 from llmbatch.storage.base import InvalidKey, ObjectStore, validate_key
+from llmbatch.storage.shardresults import list_chunks
 
 _CHUNK = 1 << 20
 

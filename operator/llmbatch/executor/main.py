@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from llmbatch.api.shard import ShardSpec
 from llmbatch.executor.engines import Engine, EngineConfigError, create_engine
 from llmbatch.executor.exitcodes import (
     ExitCode,
@@ -23,7 +24,7 @@ from llmbatch.executor.exitcodes import (
     write_termination_message,
 )
 from llmbatch.executor.runner import Outcome, ShardRunner
-from llmbatch.executor.spec import ShardSpec, load_spec
+from llmbatch.executor.spec import load_spec
 from llmbatch.storage import open_store
 from llmbatch.storage.base import ObjectStore, StoreError
 

@@ -15,9 +15,9 @@ import orjson
 from pydantic import ValidationError
 
 from llmbatch.api.openai import BatchRequestLine
+from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
 from llmbatch.core.validation import normalize_endpoint
-from llmbatch.executor.chunks import ResultLine, ShardResults, result_line
 from llmbatch.executor.engines.base import (
     Engine,
     EngineDead,
@@ -25,8 +25,8 @@ from llmbatch.executor.engines.base import (
     EngineResult,
     error_body,
 )
-from llmbatch.executor.spec import ShardSpec
 from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.shardresults import ResultLine, ShardResults, result_line
 
 log = logging.getLogger("llmbatch.executor")
 

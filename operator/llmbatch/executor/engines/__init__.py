@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from llmbatch.api.shard import EngineSpec, ModelRef
 from llmbatch.executor.engines.base import (
     Engine,
     EngineConfigError,
@@ -11,7 +12,6 @@ from llmbatch.executor.engines.base import (
     EngineResult,
     error_body,
 )
-from llmbatch.executor.spec import EngineSpec, ModelRef
 
 __all__ = [
     "Engine",

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from llmbatch.api.shard import ModelRef
 from llmbatch.executor.engines.base import (
     Engine,
     EngineConfigError,
@@ -31,7 +32,6 @@ from llmbatch.executor.engines.base import (
     EngineResult,
     error_body,
 )
-from llmbatch.executor.spec import ModelRef
 
 log = logging.getLogger("llmbatch.executor.vllm")
 

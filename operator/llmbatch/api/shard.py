@@ -1,0 +1,100 @@
+"""The shard spec: everything one executor run needs, written by the operator (or `llmbatch run`).
+
+The contract between the operator (writer) and the executor (reader); it lives in ``api`` so
+neither has to import the other.
+
+Passed to ``python -m llmbatch.executor --shard-spec SOURCE`` where SOURCE is a local JSON file,
+inline JSON (starts with ``{``), ``-`` (stdin), or ``<store-uri>#<key>`` (an object in a store).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+EngineName = Literal["vllm", "simulated"]
+
+
+class ModelRef(BaseModel):
+    """The model to serve: the name requests use and where its weights are."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Served model name; request bodies' `model` must match it.")
+    path: str = Field(description="Local folder (or file) of the weights, as the engine loads it.")
+    aliases: list[str] = Field(
+        default_factory=list, description="Further names requests may use for the same model."
+    )
+
+
+class EngineSpec(BaseModel):
+    """Which engine runs the requests, and its arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: EngineName = Field(description="`vllm` (production) or `simulated` (load tests only).")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine arguments. vllm: vLLM engine args by their Python names "
+        "(max_num_seqs, dtype, enforce_eager, max_model_len, ...). simulated: see "
+        "llmbatch.executor.engines.simulated.SimulatedArgs.",
+    )
+
+
+class ShardSpec(BaseModel):
+    """One shard of one batch: a byte range of the input file and where its results go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_id: str = Field(description="OpenAI batch id (batch_...), for logs and messages.")
+    batch_uid: str = Field(description="Batch uid: result-line ids derive from it.")
+    shard_index: int = Field(default=0, ge=0)
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+
+    store: str = Field(description="URI of the store results are written to (and read from).")
+    input_store: str | None = Field(
+        default=None, description="URI of the store holding the input; default: `store`."
+    )
+    input_key: str
+    start: int = Field(default=0, ge=0, description="First byte of the shard's range.")
+    end: int | None = Field(default=None, description="End (exclusive) of the range; None: EOF.")
+    first_line: int = Field(default=1, ge=1, description="1-based line number of byte `start`.")
+
+    output_prefix: str = Field(
+        description="Key prefix of this shard's chunks and progress record (no trailing `/`)."
+    )
+
+    model: ModelRef
+    engine: EngineSpec
+
+    flush_lines: int = Field(default=1000, ge=1, description="Commit a chunk every N results...")
+    flush_seconds: float = Field(default=10.0, gt=0, description="...or every T seconds.")
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests handed to the engine at once; default 2 x max_num_seqs.",
+    )
+    watchdog_seconds: float = Field(
+        default=600.0, gt=0, description="Engine counted hung after this long without a result."
+    )
+    drain_seconds: float = Field(
+        default=10.0, ge=0, description="On SIGTERM, wait this long for in-flight requests."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ShardSpec:
+        if self.end is not None and self.end < self.start:
+            raise ValueError(f"end ({self.end}) < start ({self.start})")
+        self.output_prefix = self.output_prefix.rstrip("/")
+        if not self.output_prefix:
+            raise ValueError("output_prefix is empty")
+        return self
+
+    @property
+    def input_store_uri(self) -> str:
+        return self.input_store or self.store
+
+    def served_names(self) -> list[str]:
+        names = [self.model.name, *self.model.aliases]
+        return list(dict.fromkeys(names))
