@@ -7,6 +7,7 @@ OpenAI envelope (never a 500), conflicts a :class:`Conflict`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import os
@@ -107,6 +108,21 @@ class GatewayKube:
     async def close(self) -> None:
         await self.api.close()
 
+    async def _call(self, fn: Any, *args: Any, retry_5xx: bool = True, **kwargs: Any) -> Any:
+        """One API call; a throttled (429) or briefly failing (5xx) API server is retried twice.
+
+        Creates pass ``retry_5xx=False``: a 5xx may come after the object was made.
+        """
+        for attempt in range(3):
+            try:
+                return await fn(*args, **kwargs)
+            except ApiException as exc:
+                status = exc.status or 0
+                if attempt == 2 or not (status == 429 or (retry_5xx and 500 <= status < 600)):
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1) ** 2)
+        raise AssertionError("unreachable")
+
     def _plain(self, obj: Any) -> dict[str, Any]:
         result: dict[str, Any] = self.api.sanitize_for_serialization(obj)
         return result
@@ -115,8 +131,14 @@ class GatewayKube:
 
     async def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name, _request_timeout=TIMEOUT
+            obj: dict[str, Any] = await self._call(
+                self.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                _request_timeout=TIMEOUT,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -131,8 +153,14 @@ class GatewayKube:
         if label_selector:
             kwargs["label_selector"] = label_selector
         try:
-            listing = await self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, _request_timeout=TIMEOUT, **kwargs
+            listing = await self._call(
+                self.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                _request_timeout=TIMEOUT,
+                **kwargs,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -143,8 +171,15 @@ class GatewayKube:
 
     async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            created: dict[str, Any] = await self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, body, _request_timeout=TIMEOUT
+            created: dict[str, Any] = await self._call(
+                self.custom.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                body,
+                retry_5xx=False,
+                _request_timeout=TIMEOUT,
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -167,8 +202,16 @@ class GatewayKube:
         self, plural: str, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any] | None:
         try:
-            obj: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name, patch, _request_timeout=TIMEOUT
+            obj: dict[str, Any] = await self._call(
+                self.custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                patch,
+                _request_timeout=TIMEOUT,
+                _content_type="application/merge-patch+json",
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -178,8 +221,14 @@ class GatewayKube:
 
     async def delete(self, plural: str, namespace: str, name: str) -> bool:
         try:
-            await self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name, _request_timeout=TIMEOUT
+            await self._call(
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                _request_timeout=TIMEOUT,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -189,8 +238,12 @@ class GatewayKube:
 
     async def list_pools(self) -> list[dict[str, Any]]:
         try:
-            listing = await self.custom.list_cluster_custom_object(
-                GROUP, VERSION, "batchpools", _request_timeout=TIMEOUT
+            listing = await self._call(
+                self.custom.list_cluster_custom_object,
+                GROUP,
+                VERSION,
+                "batchpools",
+                _request_timeout=TIMEOUT,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -203,7 +256,7 @@ class GatewayKube:
 
     async def namespace_annotations(self, namespace: str) -> dict[str, str] | None:
         try:
-            ns = await self.core.read_namespace(namespace, _request_timeout=TIMEOUT)
+            ns = await self._call(self.core.read_namespace, namespace, _request_timeout=TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -211,8 +264,11 @@ class GatewayKube:
         return dict(ns.metadata.annotations or {})
 
     async def list_key_secrets(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
-        listing = await self.core.list_namespaced_secret(
-            namespace, label_selector=f"{KEY_LABEL}=true", _request_timeout=TIMEOUT
+        listing = await self._call(
+            self.core.list_namespaced_secret,
+            namespace,
+            label_selector=f"{KEY_LABEL}=true",
+            _request_timeout=TIMEOUT,
         )
         items = [self._plain(item) for item in listing.items]
         return items, str(listing.metadata.resource_version or "")

@@ -69,7 +69,9 @@ def created_ns(obj: dict[str, Any], fallback_seconds: int | None = None) -> int:
     seconds = fallback_seconds
     if seconds is None:
         seconds = k8s_time(meta.get("creationTimestamp")) or 0
-    return seconds * 1_000_000_000
+    # Second precision only (objects made by the operator or kubectl): order them after anything
+    # the gateway created within the same second (an output file follows its input).
+    return seconds * 1_000_000_000 + 999_999_999
 
 
 def batch_created_at(obj: dict[str, Any]) -> int:
