@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import socket
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +18,8 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from llmbatch.devcluster import DevCluster
-from tests.fixtures.cluster import Kube, kubectl
+from llmbatch.devcluster import ClusterConfig, ComponentSpec, DevCluster, gpu_nodes
+from tests.fixtures.cluster import Kube, kubectl, start_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -125,6 +128,10 @@ def test_indexed_job_runs_to_completion(kube: Kube) -> None:
         assert conditions["Ready"] == "False"
         assert pod["spec"]["nodeName"].startswith("gpu-node-")
         assert "writing hello-$(MISSING)" in kube.pod_logs(pod["metadata"]["name"])
+    # kubectl logs goes apiserver -> the node agent's kubelet endpoint.
+    assert (
+        "writing hello-$(MISSING)" in kube.kubectl("logs", succeeded[0]["metadata"]["name"]).stdout
+    )
     indexes = sorted(m.rsplit(" ", 1)[1] for m in messages)
     assert indexes == ["0", "1"]
     assert all(m.startswith("hello-$(MISSING) twice-") for m in messages)
@@ -416,3 +423,60 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_sigkilled_supervisor_leaves_no_process(tmp_path: Path) -> None:
+    """A second cluster with a plugged-in component; SIGKILL its supervisor while a pod runs a
+    process tree: the watchdog and PR_SET_PDEATHSIG take everything down."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    web = ComponentSpec(
+        name="web",
+        command=["{python}", "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=str(tmp_path),
+        ready_url=f"http://127.0.0.1:{port}/",
+    )
+    cfg = ClusterConfig(
+        state_dir=tmp_path / "cluster", nodes=gpu_nodes(1, gpus=1, prefix="solo"), components=[web]
+    )
+    cluster = start_cluster(cfg)
+    try:
+        assert cluster.status()["components"]["web"] > 0
+        kubectl(
+            cluster.kubeconfig,
+            "run",
+            "tree",
+            "--image=none",
+            "--restart=Never",
+            "--command",
+            "--",
+            "sh",
+            "-c",
+            "sleep 300 & sleep 301",
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            cmdlines = [_cmdline(p) for p in cluster.leftover_processes()]
+            if any("sleep 300" in c for c in cmdlines) and any("sleep 301" in c for c in cmdlines):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"pod processes did not start: {cmdlines}")
+        assert any("http.server" in c for c in cmdlines)
+        assert cluster.process is not None
+        os.kill(cluster.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while cluster.leftover_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {p: _cmdline(p) for p in cluster.leftover_processes()}
+        assert not left, f"processes survived the supervisor: {left}"
+    finally:
+        cluster.stop()
