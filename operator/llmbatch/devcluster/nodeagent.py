@@ -74,6 +74,7 @@ class NodeAgent:
         )
         self.runners: dict[str, PodRunner] = {}
         self._deleted_uids: set[str] = set()
+        self._done_uids: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._boot_id = str(uuid.uuid4())
         self.registered = asyncio.Event()
@@ -187,6 +188,7 @@ class NodeAgent:
         last_status = asyncio.get_running_loop().time()
         while True:
             await asyncio.sleep(self.lease_interval)
+            self._prune()
             try:
                 for spec in self.nodes.values():
                     await self._renew_lease(spec)
@@ -303,7 +305,7 @@ class NodeAgent:
                     self._deleted_uids.add(uid)
                     self._background(self._delete_pod(meta["namespace"], meta["name"], uid))
                 return
-            if phase in ("Succeeded", "Failed"):
+            if phase in ("Succeeded", "Failed") or uid in self._done_uids:
                 return
             runner = PodRunner(pod, self._context())
             self.runners[uid] = runner
@@ -332,7 +334,8 @@ class NodeAgent:
         while True:
             try:
                 rv = await self._list_pods()
-                w = watch.Watch()
+                # return_type "object": events stay plain JSON (no model deserialization).
+                w = watch.Watch(return_type="object")
                 async with w.stream(
                     self.core.list_pod_for_all_namespaces,
                     resource_version=rv,
@@ -343,19 +346,23 @@ class NodeAgent:
                         kind = event["type"]
                         if kind == "BOOKMARK":
                             continue
-                        if kind == "ERROR":
-                            break
                         self._handle(kind, event["raw_object"])
             except asyncio.CancelledError:
                 raise
+            except ApiException as err:
+                if err.status != 410:  # 410 Gone: resource version too old, just re-list
+                    log.warning("pod watch: %s; re-listing", err)
+                    await asyncio.sleep(1.0)
             except Exception as err:
                 log.warning("pod watch: %s; re-listing", err)
                 await asyncio.sleep(1.0)
             self._prune()
 
     def _prune(self) -> None:
+        """Forget finished runners; their uids are remembered so a pod never runs twice."""
         for uid, runner in list(self.runners.items()):
             if runner.finished:
+                self._done_uids.add(uid)
                 del self.runners[uid]
 
     # -- main ------------------------------------------------------------------------------
