@@ -699,3 +699,48 @@ def test_health_and_metrics(gateway_process: GatewayProcess) -> None:
     metrics = httpx.get(base + "/metrics").text
     assert "llmbatch_gateway_requests_total" in metrics
     assert "llmbatch_gateway_api_keys" in metrics
+
+
+def test_keys_cli_create_list_revoke(
+    tenant_factory: TenantFactory, gateway_process: GatewayProcess
+) -> None:
+    import subprocess
+    import sys
+
+    namespace = tenant_factory().namespace
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    common = [
+        "--gateway-namespace",
+        gateway_process.gateway_namespace,
+        "--kubeconfig",
+        gateway_process.kubeconfig,
+    ]
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "llmbatch", "keys", *args, *common],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        return done.stdout
+
+    key = cli("create", "--namespace", namespace, "--name", name, "--scopes", "inference:read")
+    key = key.strip()
+    assert key.startswith("sk-llmb-")
+    assert len(key) == len("sk-llmb-") + 43
+    secret = json.loads(
+        gateway_process.kubectl(
+            "get", "secret", name, "-n", gateway_process.gateway_namespace, "-o", "json"
+        )
+    )
+    assert key not in json.dumps(secret)  # only the hash is stored
+    wait_for_key(gateway_process.base_url, key, accepted=True)
+    reader = openai.OpenAI(api_key=key, base_url=gateway_process.base_url + "/v1", max_retries=0)
+    assert reader.batches.list().data == []
+    with pytest.raises(openai.PermissionDeniedError):
+        upload(reader, jsonl([line(1)]))
+    assert f"{name}\t{namespace}\tinference:read" in cli("list")
+    cli("revoke", name)
+    wait_for_key(gateway_process.base_url, key, accepted=False, timeout=10)
