@@ -485,8 +485,7 @@ def _queued_requests(batch: dict[str, Any]) -> int:
     if not total:
         raw = ((batch.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_REQUESTS, "")
         total = int(raw) if raw.isdigit() else len((batch.get("spec") or {}).get("requests") or [])
-    done = int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
-    return max(0, int(total) - done)
+    return int(total)
 
 
 @router.post("/batches", response_model=Batch)
