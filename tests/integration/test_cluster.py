@@ -233,7 +233,9 @@ def test_deleting_a_running_job_sends_sigterm(kube: Kube, tmp_path: Path) -> Non
     """
     kube.apply(job("sleeper", script, terminationGracePeriodSeconds=10))
     started = kube.wait_for(
-        lambda: marker.exists() and marker.read_text(), timeout=60, what="the pod process to start"
+        lambda: marker.read_text() if marker.exists() else None,
+        timeout=60,
+        what="the pod process to start",
     )
     pid = int(started.split()[1])
     kube.wait_for(
