@@ -64,6 +64,7 @@ from llmbatch.gateway.mapping import (
     list_page,
     paginate,
 )
+from llmbatch.gateway.readcache import ReadCache
 from llmbatch.gateway.settings import GatewaySettings
 from llmbatch.gateway.upload import MultipartUpload, bad_line_error
 from llmbatch.storage import ObjectNotFound, ObjectStore, StoreError, open_store
@@ -88,6 +89,7 @@ class Gateway:
     kube: KubeAPI
     store: ObjectStore
     keyring: KeyRing
+    reads: ReadCache
 
 
 def _state(request: Request) -> Gateway:
@@ -250,6 +252,7 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(gw.store.delete, key)
         raise
+    gw.reads.put("batchfiles", who.namespace, file_id, obj)
     metrics.UPLOAD_BYTES.inc(stored.info.size)
     return _json(file_to_openai(obj))
 
@@ -267,7 +270,7 @@ def _store_unavailable() -> APIError:
 async def _get_file(gw: Gateway, namespace: str, file_id: str) -> dict[str, Any]:
     if not FILE_ID.match(file_id):
         raise not_found("File object", file_id, "file_id")
-    obj = await gw.kube.get("batchfiles", namespace, file_id)
+    obj = await gw.reads.get("batchfiles", namespace, file_id)
     if obj is None:
         raise not_found("File object", file_id, "file_id")
     return obj
@@ -338,7 +341,9 @@ async def delete_file(file_id: str, who: Writer, gw: GW) -> Response:
         await asyncio.to_thread(gw.store.delete, key)
     except (StoreError, ValueError) as exc:
         raise _store_unavailable() from exc
-    if not await gw.kube.delete("batchfiles", who.namespace, file_id):
+    deleted = await gw.kube.delete("batchfiles", who.namespace, file_id)
+    gw.reads.put("batchfiles", who.namespace, file_id, None)
+    if not deleted:
         raise not_found("File object", file_id, "file_id")
     return _json(FileDeleted(id=file_id))
 
@@ -635,12 +640,13 @@ async def create_batch(
                 409, "The batch is being created concurrently; retry.", code="conflict"
             ) from exc
         return _replay(existing, fingerprint)
+    gw.reads.put("batches", who.namespace, name, created)
     metrics.BATCHES_CREATED.inc()
     return _json(batch_to_openai(created))
 
 
 async def _input_file(gw: Gateway, namespace: str, file_id: str, endpoint: str) -> dict[str, Any]:
-    obj = await gw.kube.get("batchfiles", namespace, file_id) if FILE_ID.match(file_id) else None
+    obj = await gw.reads.get("batchfiles", namespace, file_id) if FILE_ID.match(file_id) else None
     if obj is None:
         raise APIError(
             404, f"No such File object: {file_id[:128]!r}.", param="input_file_id", code=None
@@ -669,7 +675,7 @@ async def _input_file(gw: Gateway, namespace: str, file_id: str, endpoint: str) 
 async def _get_batch(gw: Gateway, namespace: str, batch_id: str) -> dict[str, Any]:
     if not BATCH_ID.match(batch_id):
         raise not_found("batch", batch_id, "batch_id")
-    obj = await gw.kube.get("batches", namespace, batch_object_name(batch_id))
+    obj = await gw.reads.get("batches", namespace, batch_object_name(batch_id))
     if obj is None:
         raise not_found("batch", batch_id, "batch_id")
     return obj
@@ -729,6 +735,7 @@ async def cancel_batch(batch_id: str, who: Writer, gw: GW) -> Response:
             "spec": {"cancel": True},
         },
     )
+    gw.reads.put("batches", who.namespace, obj["metadata"]["name"], patched)
     if patched is None:
         raise not_found("batch", batch_id, "batch_id")
     return _json(batch_to_openai(patched))
@@ -821,7 +828,13 @@ def create_app(
         own_kube = kube is None
         kube_api: KubeAPI = kube or await GatewayKube.connect(cfg.kubeconfig)
         ring = KeyRing()
-        app.state.gateway = Gateway(cfg, kube_api, store or open_store(cfg.store_uri), ring)
+        app.state.gateway = Gateway(
+            cfg,
+            kube_api,
+            store or open_store(cfg.store_uri),
+            ring,
+            ReadCache(kube_api, cfg.read_cache_seconds),
+        )
         watcher = KeyWatcher(kube_api, cfg.gateway_namespace, ring, cfg.key_resync_seconds)
         watcher.start()
         with contextlib.suppress(TimeoutError):

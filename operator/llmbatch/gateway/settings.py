@@ -30,6 +30,19 @@ def _int(env: dict[str, str], name: str, default: int, minimum: int = 1) -> int:
     return value
 
 
+def _float(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+    if not 0 <= value <= 60:
+        raise ValueError(f"{name} must be between 0 and 60, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class GatewaySettings:
     """Everything the gateway process is configured with."""
@@ -44,6 +57,8 @@ class GatewaySettings:
     """``LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES``: largest accepted file upload (413 above)."""
     key_resync_seconds: int = 30
     """``LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS``: full re-list period of the key Secrets."""
+    read_cache_seconds: float = 0.0
+    """``LLMBATCH_GATEWAY_READ_CACHE_SECONDS``: serve batch/file reads this recent (0: off)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> GatewaySettings:
@@ -59,4 +74,5 @@ class GatewaySettings:
                 values, "LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES
             ),
             key_resync_seconds=_int(values, "LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS", 30),
+            read_cache_seconds=_float(values, "LLMBATCH_GATEWAY_READ_CACHE_SECONDS", 0.0),
         )

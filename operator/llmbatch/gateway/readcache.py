@@ -1,0 +1,71 @@
+"""Coalesced reads: concurrent GETs of one object share a single API-server call.
+
+A burst of polls of the same batch (many clients, or one impatient one) costs the API server one
+GET per round trip instead of one per request, so a slow API server makes waiting requests share
+answers rather than queue up. Reads stay fresh: a request only joins a GET that is already in
+flight. An optional TTL (``LLMBATCH_GATEWAY_READ_CACHE_SECONDS``, default 0 = off) also serves
+recent answers; writes through the gateway update or drop the entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Any
+
+from llmbatch.gateway.kube import KubeAPI
+
+Key = tuple[str, str, str]
+
+
+class ReadCache:
+    def __init__(self, kube: KubeAPI, ttl_seconds: float = 0.0, max_entries: int = 1024) -> None:
+        self.kube = kube
+        self.ttl = ttl_seconds
+        self.max_entries = max_entries
+        self._inflight: dict[Key, asyncio.Future[dict[str, Any] | None]] = {}
+        self._entries: OrderedDict[Key, tuple[float, dict[str, Any] | None]] = OrderedDict()
+        self.api_calls = 0
+        self.coalesced = 0
+
+    async def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object (treat it as read-only: it may be shared with other requests)."""
+        key = (plural, namespace, name)
+        if self.ttl > 0:
+            hit = self._entries.get(key)
+            if hit is not None and hit[0] > time.monotonic():
+                return hit[1]
+        pending = self._inflight.get(key)
+        if pending is not None:
+            self.coalesced += 1
+            return await asyncio.shield(pending)
+        future: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        self.api_calls += 1
+        try:
+            obj = await self.kube.get(plural, namespace, name)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                future.set_exception(exc)
+                future.exception()  # retrieved here: joiners re-raise it, nobody else must
+            else:
+                future.cancel()
+            raise
+        finally:
+            del self._inflight[key]
+        future.set_result(obj)
+        self._remember(key, obj)
+        return obj
+
+    def put(self, plural: str, namespace: str, name: str, obj: dict[str, Any] | None) -> None:
+        """An object the gateway just wrote (or deleted: ``None``)."""
+        self._remember((plural, namespace, name), obj)
+
+    def _remember(self, key: Key, obj: dict[str, Any] | None) -> None:
+        if self.ttl <= 0:
+            return
+        self._entries[key] = (time.monotonic() + self.ttl, obj)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
