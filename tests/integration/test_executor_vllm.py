@@ -5,6 +5,8 @@ Engine starts are the cost here (15 s import + 10-60 s start on 2 cores), so the
 * one in-process SmolLM2 engine (module fixture) runs a chat shard and a completions shard at once;
 * one executor subprocess is stopped with SIGTERM (exit 75), its retry is SIGKILLed mid-shard, and
   a third run finishes the shard: exactly one line per custom_id, no finished result lost;
+* one executor subprocess hits vLLM's CPU seed + chunked-prefill bug: the engine core dies and the
+  shard fails with exit 70 (``vllm run-batch`` would write a 500 for every row and exit 0);
 * one ``llmbatch run`` subprocess serves embeddings with MiniLM.
 
 Every output line is parsed with the ``openai`` SDK's own models.
@@ -282,6 +284,30 @@ def test_sigterm_then_sigkill_then_resume(
     assert progress is not None
     assert progress.done
     assert progress.attempts == 3
+
+
+def test_engine_death_is_a_shard_failure(
+    tmp_path: Path, smollm2_path: Path, vllm_env: dict[str, str]
+) -> None:
+    """vLLM CPU bug: a per-request seed under chunked prefill kills the engine core. `vllm
+    run-batch` then writes a 500 for every row and exits 0; the executor exits 70 and says why."""
+    rows = [_chat(f"ok{i}", "Say hi.") for i in range(3)]
+    rows.append(_chat("seeded", "Tell me about Paris. " * 40, seed=7, temperature=0.7))
+    _write(tmp_path / "in.jsonl", rows)
+    spec = _spec(tmp_path, smollm2_path, "in.jsonl", CHAT, 0)
+    spec.engine.args.update({"enable_chunked_prefill": True, "max_num_batched_tokens": 64})
+    term = tmp_path / "termination-log"
+    log = tmp_path / "executor.log"
+    proc = _executor(spec, term, vllm_env, log)
+    code = proc.wait(timeout=600)
+    assert code == ExitCode.ENGINE_FAILED, log.read_text()[-3000:]
+    assert term.read_text().startswith("ENGINE_FAILED")
+    lines = _lines(tmp_path, spec.output_prefix, "output")
+    lines += _lines(tmp_path, spec.output_prefix, "errors")
+    assert all(line["response"]["status_code"] < 500 for line in lines)
+    progress = read_progress(FilesystemStore(tmp_path), spec.output_prefix)
+    assert progress is not None
+    assert progress.state == "engine_failed"
 
 
 # --- embeddings through `llmbatch run`
