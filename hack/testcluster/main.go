@@ -147,9 +147,18 @@ func run(cfg config) error {
 		}
 	}
 
-	etcd, etcdURL, err := startEtcd(etcdDir)
-	if err != nil {
-		return fmt.Errorf("etcd: %w", err)
+	// The etcd ports are probed free and bound a moment later; retry if another process took one.
+	var etcd *embed.Etcd
+	var etcdURL string
+	for attempt := 1; ; attempt++ {
+		etcd, etcdURL, err = startEtcd(etcdDir)
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return fmt.Errorf("etcd: %w", err)
+		}
+		_ = os.RemoveAll(etcdDir)
 	}
 	defer etcd.Close()
 

@@ -8,8 +8,10 @@ import json
 import os
 import signal
 import socket
+import sys
 import textwrap
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -482,3 +484,34 @@ def test_sigkilled_supervisor_leaves_no_process(tmp_path: Path) -> None:
         assert not left, f"processes survived the supervisor: {left}"
     finally:
         cluster.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$(A)", "a"),
+        ("x$(A)y$(B)", "xayb"),
+        ("$(MISSING)", "$(MISSING)"),
+        ("$$(A)", "$(A)"),
+        ("$$", "$"),
+        ("$(A", "$(A"),
+        ("$x", "$x"),
+        ("100$", "100$"),
+    ],
+)
+def test_expansion_matches_kubelet(text: str, expected: str) -> None:
+    from llmbatch.devcluster.expansion import expand
+
+    assert expand(text, {"A": "a", "B": "b"}) == expected
+
+
+def test_quantities_and_python_resolution() -> None:
+    from llmbatch.devcluster.pods import parse_quantity, resolve_command
+
+    assert parse_quantity("500m") == Decimal("0.5")
+    assert parse_quantity("4Gi") == 4 * 2**30
+    assert parse_quantity("2") == 2
+    assert parse_quantity("1e3") == 1000
+    assert resolve_command(["python3", "-V"], None) == [sys.executable, "-V"]
+    assert resolve_command(["python3.11", "-V"], None)[0] == sys.executable
+    assert resolve_command(["sh", "-c", "true"], "/usr/bin:/bin")[0].endswith("/sh")
