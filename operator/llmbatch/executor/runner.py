@@ -134,12 +134,17 @@ class ShardRunner:
         if self._commit_tasks:
             await asyncio.gather(*self._commit_tasks)
         await self._commit()
-        if self._engine_failure is not None:
-            outcome, state = Outcome.ENGINE_FAILED, "engine_failed"
-            self.message = f"engine failed: {self._engine_failure}"
-        elif self._stopping or not finished_reading:
+        # A stop request wins over an engine failure that follows it (Ctrl-C reaches the engine
+        # core's process group too and kills it: that is not an engine fault).
+        if self._stopping:
             outcome, state = Outcome.PREEMPTED, "preempted"
             self.message = "preempted: stopped on request; finished results are committed"
+        elif self._engine_failure is not None:
+            outcome, state = Outcome.ENGINE_FAILED, "engine_failed"
+            self.message = f"engine failed: {self._engine_failure}"
+        elif not finished_reading:
+            outcome, state = Outcome.PREEMPTED, "preempted"
+            self.message = "preempted: stopped before the whole range was read"
         else:
             outcome, state = Outcome.DONE, "done"
             self.message = None
