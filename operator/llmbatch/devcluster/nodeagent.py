@@ -77,6 +77,7 @@ class NodeAgent:
         self._done_uids: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._boot_id = str(uuid.uuid4())
+        self._since = now_rfc3339()  # condition transition time: the agent start
         self.registered = asyncio.Event()
 
     # -- nodes -----------------------------------------------------------------------------
@@ -91,7 +92,7 @@ class NodeAgent:
                 "reason": reason,
                 "message": message,
                 "lastHeartbeatTime": now,
-                "lastTransitionTime": now,
+                "lastTransitionTime": self._since,
             }
 
         resources = spec.resources()
