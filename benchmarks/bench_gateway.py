@@ -189,30 +189,47 @@ print(json.dumps({"seconds": elapsed, "id": r.json()["id"]}))
 """
 
 LATENCY_CLIENT = """
-import asyncio, json, sys, time, httpx
+import asyncio, json, sys, time
+from urllib.parse import urlsplit
 base, key, batch_id = sys.argv[1:4]
 rate, seconds = float(sys.argv[4]), float(sys.argv[5])
+host, port = urlsplit(base).hostname, urlsplit(base).port
+REQ = (f"GET /v1/batches/{batch_id} HTTP/1.1\\r\\nHost: {host}\\r\\n"
+       f"Authorization: Bearer {key}\\r\\n\\r\\n").encode()
+idle = []
+async def fetch():
+    conn = idle.pop() if idle else await asyncio.open_connection(host, port)
+    reader, writer = conn
+    writer.write(REQ)
+    head = await reader.readuntil(b"\\r\\n\\r\\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\\r\\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+    idle.append(conn)
+    return status
 async def main():
     lat, errors = [], 0
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    headers = {"Authorization": "Bearer " + key}
-    async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=10) as c:
-        for _ in range(20):
-            await c.get("/v1/batches/" + batch_id)
-        async def one():
-            nonlocal errors
-            t = time.perf_counter()
-            r = await c.get("/v1/batches/" + batch_id)
-            lat.append(time.perf_counter() - t)
-            if r.status_code != 200:
-                errors += 1
-        tasks, t0, n = [], time.perf_counter(), int(rate * seconds)
-        for i in range(n):
-            delay = t0 + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one()))
-        await asyncio.gather(*tasks)
+    for _ in range(20):
+        await fetch()
+    async def one():
+        nonlocal errors
+        t = time.perf_counter()
+        try:
+            ok = await fetch() == 200
+        except (OSError, asyncio.IncompleteReadError):
+            ok = False
+        lat.append(time.perf_counter() - t)
+        errors += not ok
+    tasks, t0, n = [], time.perf_counter(), int(rate * seconds)
+    for i in range(n):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
     lat.sort()
     p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99) - 1]
     print(json.dumps({"p50": p50, "p99": p99, "n": len(lat), "errors": errors}))
@@ -221,9 +238,9 @@ asyncio.run(main())
 
 
 def run_client(code: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-c", code, *args], check=True, capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"client failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -312,6 +329,8 @@ def main() -> None:
                         size_mb / run_client(UPLOAD_CLIENT, base, key, str(path))["seconds"]
                     )
                 peak = proc_status(proc.pid, "VmHWM")
+                up, val = statistics.median(uploads), statistics.median(validators)
+                print(f"upload {up:.1f} MB/s, validator {val:.1f} MB/s, peak RSS {peak / 1e6:.1f}")
                 batch_id = create_batch(base, key)
                 latencies = [
                     run_client(
@@ -325,7 +344,6 @@ def main() -> None:
         finally:
             if cluster is not None:
                 cluster.stop()
-    up, val = statistics.median(uploads), statistics.median(validators)
     p50 = statistics.median(x["p50"] for x in latencies) * 1000
     p99 = statistics.median(x["p99"] for x in latencies) * 1000
     errors = sum(x["errors"] for x in latencies)
