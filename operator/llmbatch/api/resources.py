@@ -367,6 +367,10 @@ class ExecutorSpec(CRModel):
     """CPU request and limit of a shard pod."""
     memory: Quantity | None = None
     """Memory request and limit of a shard pod."""
+    flush_lines: Annotated[int, Field(ge=1, le=100000)] = 1000
+    """An executor commits a result chunk every this many results..."""
+    flush_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
+    """...or this many seconds, whichever comes first (progress moves with the chunks)."""
     backoff_limit: Annotated[int, Field(ge=0, le=20)] = 3
     """Failed attempts (not counting preemptions) before a shard is given up."""
     termination_grace_seconds: Annotated[int, Field(ge=1, le=3600)] = 30

@@ -48,6 +48,9 @@ def operator(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if not verbose:
+        # kopf logs every successful timer run at INFO: once a second per object.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         clusterwide=not namespaces,
         namespaces=list(namespaces),

@@ -9,7 +9,6 @@ restarted operator simply continues: nothing is kept in memory but throttling ti
 from __future__ import annotations
 
 import asyncio
-import calendar
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import Any
 import orjson
 import yaml
 
-from llmbatch.api.resources import API_VERSION, BatchPoolSpec, BatchSpec
+from llmbatch.api.resources import API_VERSION, BatchPoolSpec, BatchSpec, ShardStatus
 from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
@@ -28,7 +27,13 @@ from llmbatch.controller.jobs import LABEL_BATCH_UID, build_shard_job
 from llmbatch.controller.kube import Kube
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
-from llmbatch.core.lifecycle import TERMINAL, cost_of, set_condition, window_seconds
+from llmbatch.core.lifecycle import (
+    TERMINAL,
+    cost_of,
+    set_condition,
+    unix_seconds,
+    window_seconds,
+)
 from llmbatch.core.validation import (
     ErrorCode,
     InvalidLine,
@@ -44,6 +49,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE_EXPEDITED_DISABLED = "llmbatch.io/expedited-disabled"
 FLEX_WINDOW = "72h"
+STALE_BODY_SECONDS = 30.0
 
 
 @dataclass
@@ -79,9 +85,7 @@ def tier_of(spec: BatchSpec) -> str:
 
 def _created(meta: dict[str, Any]) -> int:
     stamp = meta.get("creationTimestamp")
-    if not stamp:
-        return int(time.time())
-    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+    return unix_seconds(stamp) if stamp else int(time.time())
 
 
 def engine_args(pool: BatchPoolSpec) -> dict[str, Any]:
@@ -119,6 +123,9 @@ class BatchReconciler:
         self.config = config
         self.clock = clock
         self._last_progress: dict[str, float] = {}
+        # uid -> (phase we patched, when): a trigger that still sees the old phase holds a stale
+        # body (kopf applies patches after the handler returns) and must not act on it.
+        self._patched_phase: dict[str, tuple[str, float]] = {}
 
     # --- entry point ---------------------------------------------------------------------------
 
@@ -129,10 +136,29 @@ class BatchReconciler:
         phase = status.get("status")
         now = self.clock()
         result = Step()
+        expected = self._patched_phase.get(meta["uid"])
+        if expected is not None:
+            if expected[0] != phase and now - expected[1] < STALE_BODY_SECONDS:
+                return result
+            del self._patched_phase[meta["uid"]]
+        await self._dispatch(meta, spec, status, phase, result, now)
+        if "status" in result.status:
+            self._patched_phase[meta["uid"]] = (result.status["status"], now)
+        return result
+
+    async def _dispatch(
+        self,
+        meta: dict[str, Any],
+        spec: BatchSpec,
+        status: dict[str, Any],
+        phase: str | None,
+        result: Step,
+        now: float,
+    ) -> None:
         if phase is None:
             self._initialise(meta, spec, result, now)
         elif phase in TERMINAL:
-            await self._cleanup_jobs(meta, status)
+            pass  # Jobs were removed when the batch finished; the timer skips terminal batches
         elif phase == "validating":
             if spec.cancel:
                 self._finish_without_running(status, result, now, "cancelled")
@@ -171,7 +197,6 @@ class BatchReconciler:
                 await self._run(meta, spec, status, result, now)
         elif phase in ("cancelling", "finalizing"):
             await self._finalize(meta, spec, status, result, now)
-        return result
 
     # --- small helpers -------------------------------------------------------------------------
 
@@ -191,6 +216,7 @@ class BatchReconciler:
         )
         result.event(reason, message, warning=phase in ("failed", "expired"))
         metrics.BATCH_TRANSITIONS.labels(phase).inc()
+        log.info("batch → %s (%s): %s", phase, reason, message)
 
     def _initialise(self, meta: dict[str, Any], spec: BatchSpec, result: Step, now: float) -> None:
         created = _created(meta)
@@ -276,15 +302,14 @@ class BatchReconciler:
             requestCounts={"total": verdict.request_count, "completed": 0, "failed": 0},
             pricing=pricing,
             shards=[
-                {
-                    "index": s.index,
-                    "start": s.start,
-                    "end": s.end,
-                    "firstLine": s.first_line,
-                    "lineCount": s.line_count,
-                    "requestCount": s.request_count,
-                    "phase": "Pending",
-                }
+                ShardStatus(
+                    index=s.index,
+                    start=s.start,
+                    end=s.end,
+                    first_line=s.first_line,
+                    line_count=s.line_count,
+                    request_count=s.request_count,
+                ).to_k8s()
                 for s in verdict.shards
             ],
         )
@@ -298,6 +323,11 @@ class BatchReconciler:
             f"shards on pool {pool_name}",
         )
 
+    @staticmethod
+    def _without_nulls(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The API server drops null fields; sending them makes every patch look like a change.
+        return [{k: v for k, v in e.items() if v is not None} for e in errors]
+
     def _fail(
         self,
         result: Step,
@@ -306,7 +336,7 @@ class BatchReconciler:
         now: float,
         total: int = 0,
     ) -> None:
-        result.status["errors"] = errors[:100]
+        result.status["errors"] = self._without_nulls(errors[:100])
         result.status["requestCounts"] = {"total": total, "completed": 0, "failed": total}
         first = errors[0] if errors else {"message": "invalid input"}
         where = f" (line {first['line']})" if first.get("line") else ""
@@ -459,7 +489,8 @@ class BatchReconciler:
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         pool_name = status["pool"]
         pool = await self._pool(pool_name)
-        shards: list[dict[str, Any]] = [dict(s) for s in status.get("shards") or []]
+        # Normalised like the API server stores them (defaults filled), so comparisons hold.
+        shards = [ShardStatus.model_validate(s).to_k8s() for s in status.get("shards") or []]
         jobs = {
             int(job["metadata"]["labels"]["llmbatch.io/shard"]): job
             for job in await self.kube.list_jobs(pool.worker_namespace, f"{LABEL_BATCH_UID}={uid}")
@@ -529,6 +560,9 @@ class BatchReconciler:
             output_prefix=keys.shard_prefix(meta["namespace"], meta["uid"], shard["index"]),
             model=ModelRef(name=model.name, path=model.source),
             engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
+            flush_lines=pool.executor.flush_lines,
+            flush_seconds=pool.executor.flush_seconds,
+            drain_seconds=max(1, pool.executor.termination_grace_seconds - 5),
         )
 
     @staticmethod
@@ -540,9 +574,7 @@ class BatchReconciler:
                 job_status = job.get("status") or {}
                 start, end = job_status.get("startTime"), job_status.get("completionTime")
                 if start and end:
-                    seconds = calendar.timegm(time.strptime(end, "%Y-%m-%dT%H:%M:%SZ")) - (
-                        calendar.timegm(time.strptime(start, "%Y-%m-%dT%H:%M:%SZ"))
-                    )
+                    seconds = unix_seconds(end) - unix_seconds(start)
                     metrics.SHARD_RUN_SECONDS.labels(pool_name).observe(seconds)
             shard["phase"] = finished
             if message:
@@ -600,9 +632,14 @@ class BatchReconciler:
     async def _stop_jobs(self, meta: dict[str, Any], worker_namespace: str) -> bool:
         """Delete the batch's Jobs; True once no shard process can still write."""
         selector = f"{LABEL_BATCH_UID}={meta['uid']}"
+        stopped = False
         for job in await self.kube.list_jobs(worker_namespace, selector):
             if _job_finished(job)[0] is None:
                 await self.kube.delete_job(worker_namespace, job["metadata"]["name"])
+                stopped = True
+        if stopped:
+            # Do not wait for the garbage collector: SIGTERM the shard processes now.
+            await self.kube.delete_pods(worker_namespace, selector)
         pods = await self.kube.list_pods(worker_namespace, selector)
         return all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
 
@@ -741,6 +778,7 @@ class BatchReconciler:
             final.capitalize(),
             f"{merged.completed} completed, {merged.failed} failed of {total}",
         )
+        await self._cleanup_jobs(meta, status)
         metrics.REQUESTS.labels("completed").inc(merged.completed)
         metrics.REQUESTS.labels("failed").inc(merged.failed)
         metrics.TOKENS.labels("input").inc(merged.input_tokens)
@@ -761,6 +799,7 @@ class BatchReconciler:
 
         await asyncio.to_thread(remove)
         self._last_progress.pop(meta["uid"], None)
+        self._patched_phase.pop(meta["uid"], None)
 
 
 def _camel(phase: str) -> str:

@@ -18,6 +18,7 @@ from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.pools import PoolScheduler
+from llmbatch.core.lifecycle import TERMINAL
 from llmbatch.storage import open_store
 
 FINALIZER = "llmbatch.io/finalizer"
@@ -75,7 +76,11 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
     metrics.observe_batch(uid, current)
 
 
-@kopf.timer(GROUP, VERSION, "batches", interval=INTERVAL, initial_delay=INTERVAL)
+def _active(status: kopf.Status, **_: Any) -> bool:
+    return status.get("status") not in TERMINAL
+
+
+@kopf.timer(GROUP, VERSION, "batches", interval=INTERVAL, initial_delay=INTERVAL, when=_active)
 async def batch_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Level-based: compare status, Jobs and store, and take the next step."""
     await _reconcile(body, patch, memo)

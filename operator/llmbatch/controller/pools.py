@@ -10,7 +10,6 @@ nodes.
 
 from __future__ import annotations
 
-import calendar
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -28,6 +27,7 @@ from llmbatch.controller.jobs import (
 )
 from llmbatch.controller.kube import Kube
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
+from llmbatch.core.lifecycle import unix_seconds
 from llmbatch.core.scheduling import QueuedShard, grant_slots
 
 TIERS = ("expedited", "standard", "flex")
@@ -43,10 +43,6 @@ def _condition(job: dict[str, Any], kind: str) -> bool:
 
 def _finished(job: dict[str, Any]) -> bool:
     return _condition(job, "Complete") or _condition(job, "Failed")
-
-
-def _seconds(stamp: str) -> int:
-    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
 
 
 def _queued(job: dict[str, Any]) -> QueuedShard:
@@ -93,7 +89,9 @@ class PoolScheduler:
                 and job_status.get("startTime")
                 and job_status.get("completionTime")
             ):
-                seconds = _seconds(job_status["completionTime"]) - _seconds(job_status["startTime"])
+                seconds = unix_seconds(job_status["completionTime"]) - unix_seconds(
+                    job_status["startTime"]
+                )
                 throughput = learn_throughput(
                     throughput, int(annotations.get(ANNOTATION_REQUESTS, "0")), max(1, seconds)
                 )

@@ -34,6 +34,11 @@ def rfc3339(now: float) -> str:
     return dt.datetime.fromtimestamp(int(now), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def unix_seconds(stamp: str) -> int:
+    """Unix seconds of a Kubernetes timestamp (``...Z`` or ``...+00:00``)."""
+    return int(dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+
+
 def set_condition(
     conditions: list[dict[str, Any]] | None,
     type_: str,
