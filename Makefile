@@ -61,11 +61,8 @@ test: $(TEST_PREREQS)
 	$(MAKE) verify
 	$(BIN)/pytest tests $(PYTEST_ARGS)
 
-demo: venv vllm models
-	$(BIN)/llmbatch validate examples/seed000-requests.jsonl --endpoint /v1/chat/completions
-	VLLM_LOGGING_LEVEL=WARNING $(BIN)/llmbatch run examples/seed000-requests.jsonl \
-		-o $(CACHE)/demo/seed000-output.jsonl -e $(CACHE)/demo/seed000-errors.jsonl \
-		--model smollm2 --print-results
+demo: venv vllm models testcluster kubectl
+	hack/demo.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

