@@ -134,3 +134,76 @@ def test_queue_limit_counts_non_terminal_batches(fake_gateway: FakeGateway) -> N
     name = "batch-" + first.json()["id"].removeprefix("batch_")
     fake_gateway.kube.objects[("batches", "team-q", name)]["status"] = {"status": "completed"}
     assert _create(fake_gateway, key, file_id).status_code == 200
+
+
+# --- MultipartUpload on a synthetic request stream (many pipe hand-offs) ----------------------
+
+
+class _Request:
+    def __init__(self, body: bytes, chunk: int = 65536) -> None:
+        self.body = body
+        self.chunk = chunk
+        self.headers = {"content-type": "multipart/form-data; boundary=bnd"}
+        self.read = 0
+
+    async def stream(self) -> Any:
+        for start in range(0, len(self.body), self.chunk):
+            self.read += self.chunk
+            yield self.body[start : start + self.chunk]
+
+
+def _multipart(data: bytes) -> bytes:
+    return (
+        b'--bnd\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--bnd\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+        + data
+        + b"\r\n--bnd--\r\n"
+    )
+
+
+def _run_upload(tmp_path: Any, data: bytes, max_bytes: int = 100_000_000) -> Any:
+    import asyncio
+
+    from llmbatch.gateway.upload import MultipartUpload
+    from llmbatch.storage import open_store
+
+    store = open_store(f"file://{tmp_path}/store")
+    request = _Request(_multipart(data))
+    upload = MultipartUpload(request, store, "files/t/file-1", max_bytes)  # type: ignore[arg-type]
+    result = asyncio.run(upload.run())
+    return result, store, request
+
+
+def test_large_upload_streams_through_many_handoffs(tmp_path: Any) -> None:
+    data = b"".join(
+        _line(i) for i in range(40_000)
+    )  # ~3.4 MB: several 2 MiB hand-offs (50,000 is the request cap)
+    result, store, _ = _run_upload(tmp_path, data)
+    assert result.result.request_count == 40_000
+    assert result.info.size == len(data)
+    assert store.get("files/t/file-1") == data
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+def test_bad_line_in_a_large_upload_publishes_nothing(tmp_path: Any, where: str) -> None:
+    from llmbatch.gateway.errors import APIError
+
+    good = b"".join(_line(i) for i in range(40_000))
+    data = b"{oops\n" + good if where == "start" else good + b"{oops\n"
+    with pytest.raises(APIError) as err:
+        _run_upload(tmp_path, data)
+    assert err.value.status == 400
+    assert err.value.code == "invalid_json_line"
+    line = 1 if where == "start" else 40_001
+    assert f"Line {line} " in err.value.message
+    assert not list((tmp_path / "store").rglob("file-1*"))
+
+
+def test_file_part_over_the_cap_is_413(tmp_path: Any) -> None:
+    from llmbatch.gateway.errors import APIError
+
+    data = b"".join(_line(i) for i in range(40_000))
+    with pytest.raises(APIError) as err:
+        _run_upload(tmp_path, data, max_bytes=1_000_000)
+    assert err.value.status == 413
+    assert not list((tmp_path / "store").rglob("file-1*"))

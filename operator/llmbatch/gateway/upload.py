@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import queue
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,11 +38,12 @@ from llmbatch.gateway.errors import APIError
 from llmbatch.storage import ObjectInfo, ObjectStore
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
-HANDOFF_BYTES = 1 << 20
+HANDOFF_BYTES = 2 << 20
 PIPE_DEPTH = 8
 MAX_FIELD_BYTES = 4096
 MULTIPART_OVERHEAD = 64 * 1024
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="upload")
+_STORE_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="store")
 _ABORT = object()
 _END = object()
 
@@ -158,40 +160,43 @@ class StoredUpload:
 
 
 class _Pipe:
-    """Bounded hand-off of chunks from the event loop to one worker thread."""
+    """Bounded hand-off of chunks from the event loop to one worker thread.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[object] = asyncio.Queue()
-        self.slots = asyncio.Semaphore(PIPE_DEPTH)
+    A plain ``queue.Queue``: the worker blocks on it without waking the event loop per chunk; the
+    loop side only polls (briefly sleeping) while the queue is full.
+    """
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[object] = queue.Queue(maxsize=PIPE_DEPTH)
         self.future: asyncio.Future[Any] | None = None
 
     async def send(self, item: object) -> bool:
         """Queue ``item``; False when the worker has already stopped."""
         assert self.future is not None
-        if self.future.done():
-            return False
-        if self.slots.locked():
-            acquire = asyncio.ensure_future(self.slots.acquire())
-            done, _ = await asyncio.wait(
-                {acquire, self.future}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if acquire not in done:
-                acquire.cancel()
+        delay = 0.0005
+        while True:
+            if self.future.done():
                 return False
-        else:
-            await self.slots.acquire()
-        self.queue.put_nowait(item)
-        return True
+            try:
+                self.queue.put_nowait(item)
+                return True
+            except queue.Full:
+                await asyncio.wait({self.future}, timeout=delay)
+                delay = min(delay * 2, 0.01)
 
     def abort(self) -> None:
-        self.queue.put_nowait(_ABORT)
+        while True:  # make room: the worker stops at the marker and reads no further
+            try:
+                self.queue.put_nowait(_ABORT)
+                return
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self.queue.get_nowait()
 
     def receive(self) -> Iterator[bytes]:
         """Worker side: the chunks until the end marker (raises :class:`_Aborted` on abort)."""
         while True:
-            item = asyncio.run_coroutine_threadsafe(self.queue.get(), self.loop).result()
-            self.loop.call_soon_threadsafe(self.slots.release)
+            item = self.queue.get()
             if item is _END:
                 return
             if item is _ABORT:
@@ -262,7 +267,7 @@ class MultipartUpload:
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self._part == "file":
-            self._pending += data[start:end]
+            self._pending += memoryview(data)[start:end]
             self.file_bytes += end - start
         elif self._part:
             if len(self._field) + (end - start) > MAX_FIELD_BYTES:
@@ -325,28 +330,62 @@ class MultipartUpload:
         return MultipartParser(boundary, callbacks)
 
     def _write(self, pipe: _Pipe) -> StoredUpload:
-        """Worker thread: validate while streaming into the store."""
+        """Worker thread: validate, and hand the bytes on to a second thread that stores them.
 
-        def checked() -> Iterator[bytes]:
+        Two stages so that hashing, writing and fsync (which release the GIL) overlap with the
+        validator instead of queueing behind it.
+        """
+        stage: queue.Queue[object] = queue.Queue(maxsize=PIPE_DEPTH)
+
+        def stored_chunks() -> Iterator[bytes]:
+            while True:
+                item = stage.get()
+                if item is _END:
+                    return
+                if item is _ABORT:
+                    raise _Aborted
+                assert isinstance(item, bytes)
+                yield item
+
+        writer = _STORE_EXECUTOR.submit(self.store.put, self.key, stored_chunks())
+
+        def forward(item: object) -> None:
+            while True:
+                try:
+                    stage.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    if writer.done():
+                        writer.result()  # raises the store's error
+                        raise _Aborted from None
+
+        try:
             for chunk in pipe.receive():
                 self._checker.feed(chunk)
-                yield chunk
+                forward(chunk)
             self._result = self._checker.finish()
-
-        info = self.store.put(self.key, checked())
-        assert self._result is not None
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                forward(_ABORT)
+            with contextlib.suppress(BaseException):
+                writer.result()
+            raise
+        forward(_END)
+        info = writer.result()
         return StoredUpload(info, self._result, self._checker.endpoint or DEFAULT_ENDPOINT)
+
+    def _start_writer(self) -> _Pipe:
+        pipe = self._pipe = _Pipe()
+        pipe.future = asyncio.get_running_loop().run_in_executor(_EXECUTOR, self._write, pipe)
+        return pipe
 
     async def _flush(self, final: bool = False) -> bool:
         """Hand buffered file bytes to the worker; False when it stopped (a bad line)."""
         if not self._pending or (not final and len(self._pending) < HANDOFF_BYTES):
             return True
-        if self._pipe is None:
-            loop = asyncio.get_running_loop()
-            self._pipe = _Pipe(loop)
-            self._pipe.future = loop.run_in_executor(_EXECUTOR, self._write, self._pipe)
+        pipe = self._pipe or self._start_writer()
         chunk, self._pending = bytes(self._pending), bytearray()
-        return await self._pipe.send(chunk)
+        return await pipe.send(chunk)
 
     async def run(self) -> StoredUpload | None:
         """Read the whole request; the stored upload (None when no file part came)."""
@@ -390,25 +429,22 @@ class MultipartUpload:
                 return None
             if writer_alive:
                 writer_alive = await self._flush(final=True)
-            if self._pipe is None:  # an empty file: still validated (and rejected)
-                loop = asyncio.get_running_loop()
-                self._pipe = _Pipe(loop)
-                self._pipe.future = loop.run_in_executor(_EXECUTOR, self._write, self._pipe)
+            pipe = self._pipe or self._start_writer()  # an empty file is validated (rejected) too
             if writer_alive:
-                await self._pipe.send(_END)
-            assert self._pipe.future is not None
+                await pipe.send(_END)
+            assert pipe.future is not None
             try:
-                return await self._pipe.future  # type: ignore[no-any-return]
+                return await pipe.future  # type: ignore[no-any-return]
             except BadLine as bad:
                 raise bad_line_error(bad.problem) from bad
         except ClientDisconnect as exc:
             raise APIError(400, "The client closed the upload early.", param="file") from exc
         finally:
-            pipe = self._pipe
-            if pipe is not None and pipe.future is not None and not pipe.future.done():
-                pipe.abort()
+            running = self._pipe
+            if running is not None and running.future is not None and not running.future.done():
+                running.abort()
                 with contextlib.suppress(BaseException):  # the abort's own _Aborted
-                    await pipe.future
+                    await running.future
 
 
 def _clean_filename(name: str) -> str:
