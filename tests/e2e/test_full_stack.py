@@ -1,0 +1,162 @@
+"""The whole stack: the official ``openai`` SDK → gateway → Batch objects → operator → shard Job
+→ executor pod running the real vLLM CPU engine on SmolLM2 → output file back through the SDK.
+
+Nothing is simulated: the control plane, node agent, operator, gateway and executor are the
+real processes, sharing a filesystem store as they would share a bucket in a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletion
+
+from llmbatch.commands.devstack import demo_pool
+from llmbatch.executor.models import MODELS, cache_dir
+from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
+from tests.fixtures.gateway import GatewayProcess, wait_for_key
+from tests.fixtures.operator import ClusterCLI, OperatorProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+SEED_TICKETS = {
+    "ticket-1": "I cannot sign in.",
+    "ticket-2": "Please send a copy of my invoice.",
+}
+
+
+@pytest.fixture(scope="module")
+def stack(
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[GatewayProcess, str]]:
+    """A gateway sharing the operator's store, a SmolLM2 vLLM pool and a tenant with a key."""
+    model = MODELS["smollm2"]
+    if not model.is_prepared():
+        pytest.fail("SmolLM2 is not prepared: `make models` runs before the tests")
+    pool = demo_pool(str(model.folder()), str(cache_dir()))
+    pool["metadata"]["name"] = f"e2e-smollm2-{uuid.uuid4().hex[:6]}"
+    namespace = f"e2e-{uuid.uuid4().hex[:6]}"
+    gateway = GatewayProcess(
+        str(cluster.kubeconfig),
+        operator_process.store_root,
+        tmp_path_factory.mktemp("e2e-gateway") / "gateway.log",
+    )
+    gateway.kubectl("create", "namespace", gateway.gateway_namespace, check=False)
+    gateway.kubectl("create", "namespace", namespace)
+    gateway.kubectl("apply", "-f", "-", obj=pool)
+    key = new_api_key()
+    gateway.kubectl(
+        "apply",
+        "-f",
+        "-",
+        obj=key_secret(
+            f"key-{namespace}",
+            hash_key(key),
+            namespace,
+            ["inference:write", "inference:read"],
+            gateway.gateway_namespace,
+        ),
+    )
+    gateway.start()
+    wait_for_key(gateway.base_url, key, accepted=True)
+    try:
+        yield gateway, key
+    finally:
+        gateway.stop()
+        gateway.kubectl(
+            "delete", "batchpool", pool["metadata"]["name"], "--wait=false", check=False
+        )
+        gateway.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_seed_000_through_the_sdk(
+    stack: tuple[GatewayProcess, str],
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    tmp_path: pathlib.Path,
+) -> None:
+    gateway, key = stack
+    client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=key, max_retries=0)
+    rows = [
+        {
+            "custom_id": ticket_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "Summarize: " + text}],
+                "max_completion_tokens": 48,
+            },
+        }
+        for ticket_id, text in SEED_TICKETS.items()
+    ]
+    source = tmp_path / "requests.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with source.open("rb") as handle:
+        uploaded = client.files.create(file=handle, purpose="batch")
+    assert uploaded.purpose == "batch"
+    assert uploaded.bytes == source.stat().st_size
+
+    headers = {"Idempotency-Key": f"e2e-{uuid.uuid4().hex}"}
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_headers=headers,
+    )
+    assert batch.status == "validating"
+    again = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_headers=headers,
+    )
+    assert again.id == batch.id  # a retried create never makes a second batch
+
+    deadline = time.monotonic() + 600
+    seen: list[str] = []
+    while True:
+        current = client.batches.retrieve(batch.id)
+        if not seen or seen[-1] != current.status:
+            seen.append(current.status)
+        if current.status in {"completed", "failed", "expired", "cancelled"}:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"batch stuck in {current.status}: {seen}\n{operator_process.logs()}")
+        time.sleep(2)
+    assert current.status == "completed", (current, operator_process.logs())
+    assert seen[0] in ("validating", "in_progress")
+    assert current.request_counts is not None
+    assert current.request_counts.completed == 2
+    assert current.request_counts.failed == 0
+    assert current.output_file_id
+    assert current.error_file_id is None
+    assert current.usage is not None
+    assert current.usage.output_tokens > 0
+
+    lines = [
+        json.loads(line) for line in client.files.content(current.output_file_id).text.splitlines()
+    ]
+    assert sorted(line["custom_id"] for line in lines) == sorted(SEED_TICKETS)
+    answers: dict[str, Any] = {}
+    for line in lines:
+        assert line["error"] is None
+        assert line["id"].startswith("batch_req_")
+        assert line["response"]["status_code"] == 200
+        completion = ChatCompletion.model_validate(line["response"]["body"])
+        assert completion.model == "smollm2"
+        answers[line["custom_id"]] = completion.choices[0].message.content
+    assert all(answers.values()), answers
+    total_out = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
+    assert current.usage.output_tokens == total_out  # billed once, from the final output
+
+    printed = cluster.kubectl("get", "batches", "-A")
+    assert "completed" in printed
