@@ -198,7 +198,14 @@ REQ = (f"GET /v1/batches/{batch_id} HTTP/1.1\\r\\nHost: {host}\\r\\n"
        f"Authorization: Bearer {key}\\r\\n\\r\\n").encode()
 idle = []
 async def fetch():
-    conn = idle.pop() if idle else await asyncio.open_connection(host, port)
+    conn = idle.pop() if idle else None
+    if conn is not None:  # a kept-alive connection the server may have closed meanwhile
+        try:
+            return await exchange(conn)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+    return await exchange(await asyncio.open_connection(host, port))
+async def exchange(conn):
     reader, writer = conn
     writer.write(REQ)
     head = await reader.readuntil(b"\\r\\n\\r\\n")
@@ -211,18 +218,20 @@ async def fetch():
     idle.append(conn)
     return status
 async def main():
-    lat, errors = [], 0
+    lat, errors, kinds = [], 0, {}
     for _ in range(20):
         await fetch()
     async def one():
         nonlocal errors
         t = time.perf_counter()
         try:
-            ok = await fetch() == 200
-        except (OSError, asyncio.IncompleteReadError):
-            ok = False
+            status = await fetch()
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            status = type(exc).__name__
         lat.append(time.perf_counter() - t)
-        errors += not ok
+        if status != 200:
+            errors += 1
+            kinds[str(status)] = kinds.get(str(status), 0) + 1
     tasks, t0, n = [], time.perf_counter(), int(rate * seconds)
     for i in range(n):
         delay = t0 + i / rate - time.perf_counter()
@@ -232,7 +241,8 @@ async def main():
     await asyncio.gather(*tasks)
     lat.sort()
     p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99) - 1]
-    print(json.dumps({"p50": p50, "p99": p99, "n": len(lat), "errors": errors}))
+    out = {"p50": p50, "p99": p99, "n": len(lat), "errors": errors, "kinds": kinds}
+    print(json.dumps(out))
 asyncio.run(main())
 """
 
@@ -347,6 +357,10 @@ def main() -> None:
     p50 = statistics.median(x["p50"] for x in latencies) * 1000
     p99 = statistics.median(x["p99"] for x in latencies) * 1000
     errors = sum(x["errors"] for x in latencies)
+    kinds: dict[str, int] = {}
+    for x in latencies:
+        for kind, count in x["kinds"].items():
+            kinds[kind] = kinds.get(kind, 0) + count
     print(f"gateway on {'in-memory Kubernetes' if mode == 'fake' else 'a real API server'}")
     print(f"file: {path.name} ({size_mb:.0f} MB), median of {args.runs} runs")
     print(f"upload through gateway   {up:8.1f} MB/s")
@@ -356,7 +370,7 @@ def main() -> None:
     print(f"gateway peak RSS         {peak / 1e6:8.1f} MB   (target < 200)")
     print(
         f"GET /v1/batches/{{id}} at {args.rate:.0f}/s for {args.seconds:.0f}s: "
-        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms   (target p99 < 50), errors {errors}"
+        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms   (target p99 < 50), errors {errors} {kinds or ''}"
     )
     print(f"p99 ratio to target      {p99 / 50:8.2f}")
 

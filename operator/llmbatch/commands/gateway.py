@@ -78,4 +78,5 @@ def gateway(
         log_level=log_level.lower(),
         access_log=False,
         proxy_headers=True,
+        timeout_keep_alive=75,  # longer than common load-balancer idle timeouts (60 s)
     )
