@@ -25,7 +25,7 @@ def _batch(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
             "name": "batch-0123456789abcdef01234567",
             "namespace": "team-a",
             "creationTimestamp": "2026-11-29T12:00:00Z",
-            "annotations": {ANNOTATION_CREATED_NS: str(1795953600 * 10**9 + 5)},
+            "annotations": {ANNOTATION_CREATED_NS: str(1795953599 * 10**9 + 5)},
         },
         "spec": {
             "endpoint": "/v1/chat/completions",
@@ -176,7 +176,7 @@ def test_file_mapping_inputs_and_outputs() -> None:
 
 def test_sort_key_uses_nanosecond_annotation_then_creation_time() -> None:
     a, b = _batch(), _batch()
-    b["metadata"]["annotations"][ANNOTATION_CREATED_NS] = str(1795953600 * 10**9 + 6)
+    b["metadata"]["annotations"][ANNOTATION_CREATED_NS] = str(1795953599 * 10**9 + 6)
     assert batch_sort_key(b) > batch_sort_key(a)
     c = _batch()
     del c["metadata"]["annotations"]

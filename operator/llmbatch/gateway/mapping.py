@@ -78,11 +78,16 @@ def batch_created_at(obj: dict[str, Any]) -> int:
     status = obj.get("status") or {}
     if isinstance(status.get("createdAt"), int):
         return int(status["createdAt"])
+    # creationTimestamp first: the operator settles status.createdAt from it, so the answer to
+    # the create call and every later read agree.
     meta = obj.get("metadata") or {}
+    stamp = k8s_time(meta.get("creationTimestamp"))
+    if stamp is not None:
+        return stamp
     raw = (meta.get("annotations") or {}).get(ANNOTATION_CREATED_NS)
     if raw and raw.isdigit():
         return int(raw) // 1_000_000_000
-    return k8s_time(meta.get("creationTimestamp")) or int(time.time())
+    return int(time.time())
 
 
 def _int_or_none(value: Any) -> int | None:
