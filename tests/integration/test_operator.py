@@ -60,6 +60,7 @@ def make_pool(
     shard_requests: int = 10,
     engine_args: list[str] | None = None,
     backoff_limit: int = 3,
+    limits: dict[str, Any] | None = None,
 ) -> str:
     name = f"pool-{uuid.uuid4().hex[:8]}"
     _POOLS.append(name)
@@ -77,6 +78,7 @@ def make_pool(
                 "maxSlots": max_slots,
                 "shardRequests": shard_requests,
                 "throughputPerSlot": "100",
+                "limits": limits or {},
                 "executor": {
                     "engine": "simulated",
                     "engineArgs": engine_args or ["--latency-seconds=0.01"],
@@ -117,6 +119,8 @@ def make_batch(
     input_file_id: str | None = None,
     window: str = "24h",
     model_hint: str | None = None,
+    priority: str | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> str:
     name = f"batch-{uuid.uuid4().hex[:24]}"
     spec: dict[str, Any] = {
@@ -130,6 +134,10 @@ def make_batch(
         spec["inputFileID"] = input_file_id
     if model_hint:
         spec["model"] = model_hint
+    if priority:
+        spec["priority"] = priority
+    if metadata:
+        spec["metadata"] = metadata
     apply(
         cluster,
         tmp_path,
@@ -485,3 +493,13 @@ def test_metrics_have_no_per_batch_labels(operator_process: OperatorProcess) -> 
     text = operator_process.metrics()
     assert "llmbatch_batch_transitions_total" in text
     assert "batch-" not in text
+
+
+def test_pool_at_capacity_fails_fast(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = make_pool(cluster, tmp_path, limits={"maxQueuedRequests": 5})
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(10))
+    status = wait_status(cluster, operator_process, namespace, name, {"failed"})["status"]
+    assert status["errors"][0]["code"] == "capacity_exceeded"
+    assert "limit of 5" in status["errors"][0]["message"]

@@ -23,7 +23,7 @@ from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.finalize import ShardOutcome, merge_shard_outputs
-from llmbatch.controller.jobs import LABEL_BATCH_UID, build_shard_job
+from llmbatch.controller.jobs import ANNOTATION_PREEMPTIONS, LABEL_BATCH_UID, build_shard_job
 from llmbatch.controller.kube import Kube
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
@@ -272,7 +272,7 @@ class BatchReconciler:
                 )
                 if not verdict.ok:
                     raise Rejected([e.as_dict() for e in verdict.errors])
-            pool_name, pool = await self._choose_pool(spec, model)
+            pool_name, pool, pool_status = await self._choose_pool(spec, model)
             await self._check_tier(namespace, spec, pool_name, pool)
             limits = ValidationLimits(
                 max_requests=pool.limits.max_requests,
@@ -291,6 +291,22 @@ class BatchReconciler:
         if not verdict.ok:
             errors = [e.as_dict() for e in verdict.errors]
             self._fail(result, status, errors, now, total=verdict.request_count)
+            return
+        limit = pool.limits.max_queued_requests
+        queued = sum((pool_status.get("queueDepth") or {}).values())
+        if limit is not None and queued + verdict.request_count > limit:
+            # Fail fast rather than queue without bound (the gateway answers 429 up front).
+            message = (
+                f"Pool {pool_name} is at capacity: {queued} requests queued, this batch's "
+                f"{verdict.request_count} would pass its limit of {limit}. Retry later."
+            )
+            self._fail(
+                result,
+                status,
+                [_error("capacity_exceeded", message)],
+                now,
+                total=verdict.request_count,
+            )
             return
         tier = tier_of(spec)
         pricing = getattr(pool.tiers, tier).pricing.to_k8s()
@@ -409,7 +425,9 @@ class BatchReconciler:
         except ObjectNotFound as exc:
             raise Rejected([_error("invalid_file", "The input file is gone.")]) from exc
 
-    async def _choose_pool(self, spec: BatchSpec, model: str | None) -> tuple[str, BatchPoolSpec]:
+    async def _choose_pool(
+        self, spec: BatchSpec, model: str | None
+    ) -> tuple[str, BatchPoolSpec, dict[str, Any]]:
         if model is None:
             raise Rejected(
                 [
@@ -430,7 +448,7 @@ class BatchReconciler:
             if spec.pool and pool["metadata"]["name"] != spec.pool:
                 continue
             if model in names:
-                return pool["metadata"]["name"], pool_spec
+                return pool["metadata"]["name"], pool_spec, pool.get("status") or {}
         where = f"pool {spec.pool!r}" if spec.pool else "any pool"
         listing = ", ".join(sorted(set(served))) or "none"
         raise Rejected(
@@ -580,6 +598,8 @@ class BatchReconciler:
             if message:
                 shard["message"] = message[:4096]
             return
+        annotations = job["metadata"].get("annotations") or {}
+        shard["preemptions"] = int(annotations.get(ANNOTATION_PREEMPTIONS, "0"))
         suspended = (job.get("spec") or {}).get("suspend")
         active = (job.get("status") or {}).get("active") or 0
         shard["phase"] = "Pending" if suspended else ("Running" if active else "Admitted")

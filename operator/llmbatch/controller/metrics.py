@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from llmbatch.api.openai import BatchStatus
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -69,16 +73,7 @@ FINALIZE_SECONDS = Histogram(
 )
 
 
-_STATUSES = (
-    "validating",
-    "failed",
-    "in_progress",
-    "finalizing",
-    "completed",
-    "expired",
-    "cancelling",
-    "cancelled",
-)
+_STATUSES: tuple[str, ...] = get_args(BatchStatus)
 _known: dict[str, str] = {}
 
 

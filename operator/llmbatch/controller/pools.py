@@ -20,6 +20,7 @@ from llmbatch.controller import metrics
 from llmbatch.controller.jobs import (
     ANNOTATION_BATCH,
     ANNOTATION_CREATED,
+    ANNOTATION_PREEMPTIONS,
     ANNOTATION_REQUESTS,
     ANNOTATION_TIER,
     LABEL_POOL,
@@ -28,7 +29,7 @@ from llmbatch.controller.jobs import (
 from llmbatch.controller.kube import Kube
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
 from llmbatch.core.lifecycle import unix_seconds
-from llmbatch.core.scheduling import QueuedShard, grant_slots
+from llmbatch.core.scheduling import TIER_RANK, QueuedShard, grant_slots
 
 TIERS = ("expedited", "standard", "flex")
 ANNOTATION_LEARNED = "llmbatch.io/throughput-learned"
@@ -132,7 +133,10 @@ class PoolScheduler:
             if id(shard) in chosen:
                 await self.kube.set_job_suspended(namespace, job["metadata"]["name"], False)
 
-        in_use = len(running) + len(granted)
+        preempted = 0
+        if pool.preemption == "LowerPriority":
+            preempted = await self._preempt(pool, namespace, running, queued, chosen, result)
+        in_use = len(running) + len(granted) - preempted
         metrics.JOBS_RUNNING.labels(name).set(in_use)
         metrics.DESIRED_SLOTS.labels(name).set(scaled.desired)
         for tier in TIERS:
@@ -148,3 +152,41 @@ class PoolScheduler:
         }
         result.status = {k: v for k, v in wanted.items() if status.get(k) != v}
         return result
+
+    async def _preempt(
+        self,
+        pool: BatchPoolSpec,
+        namespace: str,
+        running: list[dict[str, Any]],
+        queued: list[tuple[dict[str, Any], QueuedShard]],
+        chosen: set[int],
+        result: PoolRound,
+    ) -> int:
+        """Suspend lower-tier running shards for expedited shards still waiting.
+
+        A suspended Job's pod gets SIGTERM, the executor commits what finished and exits with
+        its preemption code (ignored by the Job's podFailurePolicy); the shard waits in the
+        queue and later resumes without redoing work. A shard is preempted at most
+        ``maxPreemptionsPerShard`` times, so nothing is requeued forever.
+        """
+        starving = sum(1 for _, q in queued if q.tier == "expedited" and id(q) not in chosen)
+        if not starving:
+            return 0
+        victims = []
+        for job in running:
+            shard = _queued(job)
+            count = int((job["metadata"].get("annotations") or {}).get(ANNOTATION_PREEMPTIONS, "0"))
+            if shard.tier != "expedited" and count < pool.max_preemptions_per_shard:
+                victims.append((TIER_RANK.get(shard.tier, 9), shard.created_at, job, count))
+        # Lowest tier first; within a tier the newest batch, which loses the least progress.
+        victims.sort(key=lambda v: (-v[0], -v[1]))
+        for _, _, job, count in victims[:starving]:
+            job_name = job["metadata"]["name"]
+            await self.kube.annotate_job(
+                namespace, job_name, {ANNOTATION_PREEMPTIONS: str(count + 1)}
+            )
+            await self.kube.set_job_suspended(namespace, job_name, True)
+            result.events.append(
+                ("Normal", "Preempted", f"Suspended shard Job {job_name} for expedited work")
+            )
+        return min(starving, len(victims))

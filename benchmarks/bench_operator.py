@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""The operator under load on the local control plane, with the simulated engine.
+
+Creates N Batches at once (default 200, 10 requests each, inline) against one pool of 16 slots
+and reports: CR create → first shard Job created p50/p95, CR create → ``completed`` p50/p95,
+the operator's peak RSS, and API-server requests per batch (all clients, and the llmbatch.io
+resources alone), read from the API server's own ``apiserver_request_total`` counter.
+
+    .venv/bin/python benchmarks/bench_operator.py [--batches 200] [--requests 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes, kubectl_binary
+from llmbatch.devcluster.controlplane import repo_root
+
+MODEL = "sim-model"
+
+
+def kubectl(kubeconfig: pathlib.Path, *args: str, stdin: str | None = None) -> str:
+    result = subprocess.run(
+        [str(kubectl_binary()), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return result.stdout
+
+
+def request_counts(kubeconfig: pathlib.Path) -> tuple[float, float]:
+    """(all API requests, requests on llmbatch.io resources) served so far."""
+    text = kubectl(kubeconfig, "get", "--raw", "/metrics")
+    total = ours = 0.0
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        value = float(line.rsplit(" ", 1)[1])
+        total += value
+        if re.search(r'group="llmbatch\.io"', line):
+            ours += value
+    return total, ours
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench-operator-"))
+    cluster = DevCluster.start(
+        ClusterConfig(state_dir=work / "cluster", nodes=gpu_nodes(2, gpus=args.slots)),
+        detach=False,
+    )
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        kc = cluster.kubeconfig
+        kubectl(kc, "apply", "-f", str(repo_root() / "crds"))
+        kubectl(kc, "wait", "--for=condition=Established", "crd/batches.llmbatch.io")
+        objects: list[dict[str, Any]] = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+            for n in ("llmbatch-workers", "bench")
+        ]
+        objects.append(
+            {
+                "apiVersion": "kopf.dev/v1",
+                "kind": "ClusterKopfPeering",
+                "metadata": {"name": "llmbatch"},
+            }
+        )
+        objects.append(
+            {
+                "apiVersion": "llmbatch.io/v1alpha1",
+                "kind": "BatchPool",
+                "metadata": {"name": "bench"},
+                "spec": {
+                    "models": [{"name": MODEL, "source": "simulated"}],
+                    "workerNamespace": "llmbatch-workers",
+                    "maxSlots": args.slots,
+                    "shardRequests": args.requests,
+                    "throughputPerSlot": "1000",
+                    "executor": {
+                        "engine": "simulated",
+                        "engineArgs": ["--latency-seconds=0.01"],
+                        "flushSeconds": 1,
+                    },
+                },
+            }
+        )
+        kubectl(kc, "apply", "-f", "-", stdin="\n".join(json.dumps(o) for o in objects))
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kc),
+            "LLMBATCH_STORE_URI": f"file://{work / 'store'}",
+            "LLMBATCH_METRICS_PORT": "0",
+        }
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "llmbatch", "operator", "--liveness-port", "0"],
+            env=env,
+            stdout=(work / "operator.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        time.sleep(5)
+        batches = []
+        for i in range(args.batches):
+            requests = [
+                {
+                    "customID": f"r{j}",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 8,
+                    },
+                }
+                for j in range(args.requests)
+            ]
+            batches.append(
+                {
+                    "apiVersion": "llmbatch.io/v1alpha1",
+                    "kind": "Batch",
+                    "metadata": {"name": f"batch-bench{i:05d}", "namespace": "bench"},
+                    "spec": {"endpoint": "/v1/chat/completions", "requests": requests},
+                }
+            )
+        before = request_counts(kc)
+        started = time.time()
+        kubectl(
+            kc,
+            "create",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": batches}),
+        )
+        first_job: dict[str, float] = {}
+        done: dict[str, float] = {}
+        while len(done) < args.batches and time.time() - started < args.timeout:
+            jobs = json.loads(kubectl(kc, "get", "jobs", "-n", "llmbatch-workers", "-o", "json"))
+            now = time.time()
+            for job in jobs["items"]:
+                owner = job["metadata"]["annotations"].get("llmbatch.io/batch", "")
+                first_job.setdefault(owner.split("/")[-1], now)
+            listing = json.loads(kubectl(kc, "get", "batches", "-n", "bench", "-o", "json"))
+            for item in listing["items"]:
+                if (item.get("status") or {}).get("status") == "completed":
+                    done.setdefault(item["metadata"]["name"], now)
+            time.sleep(1)
+        after = request_counts(kc)
+        rss = peak_rss_mib(operator.pid)
+        to_job = [t - started for t in first_job.values()]
+        to_done = [t - started for t in done.values()]
+        print(
+            f"{args.batches} batches x {args.requests} requests, {args.slots} slots, "
+            f"simulated engine; observed every ~1 s"
+        )
+        print(f"completed: {len(done)}/{args.batches} in {max(to_done, default=0):.0f} s")
+        if to_job:
+            print(
+                f"create -> first Job   p50 {percentile(to_job, 0.5):6.1f} s   "
+                f"p95 {percentile(to_job, 0.95):6.1f} s"
+            )
+        if to_done:
+            print(
+                f"create -> completed   p50 {percentile(to_done, 0.5):6.1f} s   "
+                f"p95 {percentile(to_done, 0.95):6.1f} s"
+            )
+        print(f"operator peak RSS     {rss:6.1f} MiB")
+        print(
+            f"API requests / batch  {(after[0] - before[0]) / args.batches:6.1f} (all clients), "
+            f"{(after[1] - before[1]) / args.batches:6.1f} on llmbatch.io resources"
+        )
+        print(f"mean batch duration   {statistics.mean(to_done) if to_done else 0:6.1f} s")
+    finally:
+        if operator is not None:
+            operator.terminate()
+            operator.wait(timeout=30)
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
