@@ -1,7 +1,8 @@
 # The vLLM CPU engine stack and the small real models the executor runs in tests and the demo.
 #   make vllm     install the pinned stack (hack/requirements-vllm.txt) into .venv
 #   make models   convert/cache the model folders under $(LLMBATCH_CACHE)/models
-.PHONY: vllm models
+#   make demo-local   seed 000's two tickets through `llmbatch run` (no cluster), answers printed
+.PHONY: vllm models demo-local
 
 # Env the CPU engine needs everywhere (tests, demo, benchmarks). See docs/executor.md.
 export VLLM_CPU_KVCACHE_SPACE ?= 1
@@ -21,3 +22,9 @@ $(VENV)/.stamp-vllm: $(VENV)/.stamp-base hack/requirements-vllm.txt hack/install
 
 models: $(VENV)/.stamp-vllm
 	$(BIN)/llmbatch models prepare
+
+demo-local: models
+	$(BIN)/llmbatch validate examples/seed000-requests.jsonl --endpoint /v1/chat/completions
+	VLLM_LOGGING_LEVEL=WARNING $(BIN)/llmbatch run examples/seed000-requests.jsonl \
+		-o $(CACHE)/demo/seed000-output.jsonl -e $(CACHE)/demo/seed000-errors.jsonl \
+		--model smollm2 --print-results
