@@ -38,8 +38,8 @@ from llmbatch.gateway.errors import APIError
 from llmbatch.storage import ObjectInfo, ObjectStore
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
-HANDOFF_BYTES = 2 << 20
-PIPE_DEPTH = 8
+HANDOFF_BYTES = 1 << 20
+PIPE_DEPTH = 4
 MAX_FIELD_BYTES = 4096
 MULTIPART_OVERHEAD = 64 * 1024
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="upload")
