@@ -61,6 +61,7 @@ def make_pool(
     engine_args: list[str] | None = None,
     backoff_limit: int = 3,
     limits: dict[str, Any] | None = None,
+    throughput: str = "100",
 ) -> str:
     name = f"pool-{uuid.uuid4().hex[:8]}"
     _POOLS.append(name)
@@ -77,7 +78,7 @@ def make_pool(
                 "gpusPerSlot": 1,
                 "maxSlots": max_slots,
                 "shardRequests": shard_requests,
-                "throughputPerSlot": "100",
+                "throughputPerSlot": throughput,
                 "limits": limits or {},
                 "executor": {
                     "engine": "simulated",

@@ -116,16 +116,17 @@ def test_expedited_disabled_for_tenant_is_rejected(
 def test_autoscaler_rises_with_backlog_and_falls_when_drained(
     cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
 ) -> None:
-    pool = make_pool(cluster, tmp_path, max_slots=3, shard_requests=5, engine_args=SLOW)
-    # slow throughput seed and a tight standard drain target: the backlog asks for every slot
+    # a slow throughput seed and a tight standard drain target: the backlog asks for every slot
+    pool = make_pool(
+        cluster, tmp_path, max_slots=3, shard_requests=5, engine_args=SLOW, throughput="0.1"
+    )
     cluster.kubectl(
         "patch",
         "batchpool",
         pool,
         "--type=merge",
         "-p",
-        '{"spec":{"throughputPerSlot":"0.1","scaleDownCooldownSeconds":5,'
-        '"tiers":{"standard":{"drainTargetSeconds":10}}}}',
+        '{"spec":{"scaleDownCooldownSeconds":5,"tiers":{"standard":{"drainTargetSeconds":10}}}}',
     )
     name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(30))
 
