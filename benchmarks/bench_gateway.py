@@ -294,6 +294,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--kubeconfig", default=None, help="a running cluster (CRDs applied here)")
     parser.add_argument("--fake", action="store_true", help="no cluster: in-memory Kubernetes")
+    parser.add_argument("--no-upload", action="store_true", help="only the latency run")
     parser.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--store", default="", help=argparse.SUPPRESS)
@@ -333,13 +334,14 @@ def main() -> None:
             try:
                 idle_rss = proc_status(proc.pid, "VmRSS")
                 uploads, validators = [], []
-                for _ in range(args.runs):
+                for _ in range(0 if args.no_upload else args.runs):
                     validators.append(size_mb / run_validator(path))
                     uploads.append(
                         size_mb / run_client(UPLOAD_CLIENT, base, key, str(path))["seconds"]
                     )
                 peak = proc_status(proc.pid, "VmHWM")
-                up, val = statistics.median(uploads), statistics.median(validators)
+                up = statistics.median(uploads) if uploads else 0.0
+                val = statistics.median(validators) if validators else 1.0
                 print(f"upload {up:.1f} MB/s, validator {val:.1f} MB/s, peak RSS {peak / 1e6:.1f}")
                 batch_id = create_batch(base, key)
                 latencies = [

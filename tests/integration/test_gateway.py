@@ -68,6 +68,16 @@ def patch_status(gw: GatewayProcess, namespace: str, batch_id: str, status: dict
     )
 
 
+def eventually(read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 10.0) -> Any:
+    """Poll ``read`` until ``ok``: reads may be served from the gateway's 1 s read cache."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if ok(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
 def output_file(gw: GatewayProcess, namespace: str, data: bytes, name: str) -> str:
     """Write an output file as the operator does: bytes in the store plus a BatchFile."""
     file_id = keys.new_file_id()
@@ -196,7 +206,7 @@ def test_upload_create_retrieve_complete_download(
             "errorFileID": err_id,
         },
     )
-    done = client.batches.retrieve(batch.id)
+    done = eventually(lambda: client.batches.retrieve(batch.id), lambda b: b.status == "completed")
     assert done.status == "completed"
     assert done.completed_at == now
     assert done.request_counts is not None
@@ -268,7 +278,8 @@ def test_cancel(tenant: Tenant, gateway_process: GatewayProcess) -> None:
         batch.id,
         {"status": "cancelled", "cancellingAt": cancelled.cancelling_at, "cancelledAt": 1},
     )
-    assert client.batches.retrieve(batch.id).status == "cancelled"
+    final = eventually(lambda: client.batches.retrieve(batch.id), lambda b: b.status == "cancelled")
+    assert final.status == "cancelled"
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
     with pytest.raises(openai.NotFoundError):

@@ -1,10 +1,10 @@
-"""Coalesced reads: concurrent GETs of one object share a single API-server call.
+"""Coalesced, briefly cached reads of single objects.
 
-A burst of polls of the same batch (many clients, or one impatient one) costs the API server one
-GET per round trip instead of one per request, so a slow API server makes waiting requests share
-answers rather than queue up. Reads stay fresh: a request only joins a GET that is already in
-flight. An optional TTL (``LLMBATCH_GATEWAY_READ_CACHE_SECONDS``, default 0 = off) also serves
-recent answers; writes through the gateway update or drop the entry.
+A burst of polls of the same batch (many clients, or one impatient one) should not cost the API
+server one GET per request. A request joins a GET of the same object already in flight, and an
+answer younger than a short TTL (``LLMBATCH_GATEWAY_READ_CACHE_SECONDS``, default 1 s, 0 = off)
+is served again: status the operator writes shows up at most that much later. Writes through the
+gateway (create, cancel, delete) update the entry, so a client reads its own writes.
 """
 
 from __future__ import annotations

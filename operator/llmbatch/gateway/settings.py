@@ -57,7 +57,7 @@ class GatewaySettings:
     """``LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES``: largest accepted file upload (413 above)."""
     key_resync_seconds: int = 30
     """``LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS``: full re-list period of the key Secrets."""
-    read_cache_seconds: float = 0.0
+    read_cache_seconds: float = 1.0
     """``LLMBATCH_GATEWAY_READ_CACHE_SECONDS``: serve batch/file reads this recent (0: off)."""
 
     @classmethod
@@ -74,5 +74,5 @@ class GatewaySettings:
                 values, "LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES
             ),
             key_resync_seconds=_int(values, "LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS", 30),
-            read_cache_seconds=_float(values, "LLMBATCH_GATEWAY_READ_CACHE_SECONDS", 0.0),
+            read_cache_seconds=_float(values, "LLMBATCH_GATEWAY_READ_CACHE_SECONDS", 1.0),
         )
