@@ -72,3 +72,20 @@ def test_ttl_and_write_through(ttl: float) -> None:
         assert len(cache._entries) <= 2
 
     asyncio.run(run())
+
+
+def test_stale_entries_are_answered_while_refreshing() -> None:
+    async def run() -> None:
+        kube = SlowKube()
+        cache = ReadCache(kube, ttl_seconds=0.01)  # type: ignore[arg-type]
+        assert await cache.get("batches", "ns", "b") == {"v": 1}
+        kube.value = {"v": 2}
+        await asyncio.sleep(0.02)  # past the TTL
+        started = asyncio.get_running_loop().time()
+        assert await cache.get("batches", "ns", "b") == {"v": 1}  # stale, at once
+        assert asyncio.get_running_loop().time() - started < 0.04
+        await asyncio.sleep(0.1)  # the background refresh landed
+        assert await cache.get("batches", "ns", "b") == {"v": 2}
+        assert kube.calls == 2
+
+    asyncio.run(run())
