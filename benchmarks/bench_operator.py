@@ -162,15 +162,31 @@ def main() -> None:
         first_job: dict[str, float] = {}
         done: dict[str, float] = {}
         while len(done) < args.batches and time.time() - started < args.timeout:
-            jobs = json.loads(kubectl(kc, "get", "jobs", "-n", "llmbatch-workers", "-o", "json"))
+            owners = kubectl(
+                kc,
+                "get",
+                "jobs",
+                "-n",
+                "llmbatch-workers",
+                "-o",
+                r"jsonpath={range .items[*]}{.metadata.annotations.llmbatch\.io/batch}{'\n'}{end}",
+            )
             now = time.time()
-            for job in jobs["items"]:
-                owner = job["metadata"]["annotations"].get("llmbatch.io/batch", "")
+            for owner in owners.split():
                 first_job.setdefault(owner.split("/")[-1], now)
-            listing = json.loads(kubectl(kc, "get", "batches", "-n", "bench", "-o", "json"))
-            for item in listing["items"]:
-                if (item.get("status") or {}).get("status") == "completed":
-                    done.setdefault(item["metadata"]["name"], now)
+            phases = kubectl(
+                kc,
+                "get",
+                "batches",
+                "-n",
+                "bench",
+                "-o",
+                r"jsonpath={range .items[*]}{.metadata.name} {.status.status}{'\n'}{end}",
+            )
+            for line in phases.splitlines():
+                name, _, phase = line.partition(" ")
+                if phase == "completed":
+                    done.setdefault(name, now)
             time.sleep(1)
         after = request_counts(kc)
         rss = peak_rss_mib(operator.pid)
