@@ -104,6 +104,7 @@ def main() -> None:
                     "models": [{"name": MODEL, "source": "simulated"}],
                     "workerNamespace": "llmbatch-workers",
                     "maxSlots": args.slots,
+                    "minSlots": args.slots,  # measure the operator, not the autoscaler
                     "shardRequests": args.requests,
                     "throughputPerSlot": "1000",
                     "executor": {
