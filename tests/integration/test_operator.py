@@ -205,6 +205,13 @@ def read_lines(operator: OperatorProcess, namespace: str, file_id: str | None) -
     return [orjson.loads(line) for line in data.splitlines() if line.strip()]
 
 
+def batch_uid(cluster: Any, namespace: str, name: str) -> str:
+    uid: str = wait_for(
+        lambda: (get_batch(cluster, namespace, name).get("metadata") or {}).get("uid"), 30, "uid"
+    )
+    return uid
+
+
 def batch_jobs(cluster: Any, uid: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = kubectl_json(
         cluster, "get", "jobs", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/batch-uid={uid}"
@@ -440,9 +447,7 @@ def test_operator_killed_after_job_creation_resumes_exactly(
         engine_args=["--latency-seconds=0.2", "--max-num-seqs=2"],
     )
     name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(30))
-    uid = wait_for(
-        lambda: (get_batch(cluster, namespace, name).get("metadata") or {}).get("uid"), 30, "uid"
-    )
+    uid = batch_uid(cluster, namespace, name)
     wait_for(lambda: batch_jobs(cluster, uid), 60, "first shard Job", operator_process.logs)
     operator_process.restart()  # SIGKILL: whatever status patch was pending is lost
     batch = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=240)
@@ -465,9 +470,7 @@ def test_deleted_executor_pod_is_retried_without_duplicates(
         engine_args=["--latency-seconds=0.5", "--max-num-seqs=2"],
     )
     name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(40))
-    uid = wait_for(
-        lambda: (get_batch(cluster, namespace, name).get("metadata") or {}).get("uid"), 30, "uid"
-    )
+    uid = batch_uid(cluster, namespace, name)
 
     def running_pod() -> str | None:
         pods = kubectl_json(

@@ -11,7 +11,7 @@ Synchronous: the operator runs it in a worker thread.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
 
@@ -51,7 +51,6 @@ class MergedResults:
     output_tokens: int = 0
     reasoning_tokens: int = 0
     total_tokens: int = 0
-    never_run: dict[str, int] = field(default_factory=dict)
 
 
 def _lines(data: bytes) -> Iterable[bytes]:
@@ -137,9 +136,6 @@ def merge_shard_outputs(
             store.put(key, b"".join(raw + b"\n" for raw in missing))
             parts["errors"].append(key)
             result.failed += len(missing)
-            result.never_run[shard.never_run_code] = result.never_run.get(
-                shard.never_run_code, 0
-            ) + len(missing)
     if parts["output"]:
         result.output_key = output_key
         result.output_bytes = store.compose(output_key, parts["output"]).size

@@ -93,11 +93,6 @@ class Kube:
             return created
         return existing
 
-    async def patch_cluster_status(self, plural: str, name: str, status: dict[str, Any]) -> None:
-        await self.custom.patch_cluster_custom_object_status(
-            GROUP, VERSION, plural, name, {"status": status}
-        )
-
     # --- namespaces ----------------------------------------------------------------------------
 
     async def namespace_annotations(self, namespace: str) -> dict[str, str]:
