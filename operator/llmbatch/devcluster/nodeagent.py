@@ -213,7 +213,35 @@ class NodeAgent:
             write_status=self._write_status,
             delete_pod=self._delete_pod,
             record_event=self._record_event,
+            request_token=self._request_token,
+            server=self.api.configuration.host or "",
+            ca_data=self._ca_data(),
         )
+
+    def _ca_data(self) -> bytes:
+        ca = self.api.configuration.ssl_ca_cert
+        return Path(ca).read_bytes() if ca else b""
+
+    async def _request_token(
+        self, pod: JSON, account: str, expiration: int, audience: str | None
+    ) -> str:
+        """A TokenRequest for ``account``, bound to ``pod`` (invalid once the pod is gone)."""
+        meta = pod["metadata"]
+        spec: JSON = {
+            "expirationSeconds": expiration,
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "uid": meta["uid"],
+            },
+        }
+        if audience:
+            spec["audiences"] = [audience]
+        result = await self.core.create_namespaced_service_account_token(
+            account, meta["namespace"], _raw({"spec": spec})
+        )
+        return str(result.status.token)
 
     async def _read_object(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
         try:

@@ -98,6 +98,9 @@ class ContainerConfigError(Exception):
 # Looks up a key in a Secret or ConfigMap: (kind, namespace, name) -> data, None when absent.
 ObjectReader = Callable[[str, str, str], Awaitable[dict[str, str] | None]]
 StatusWriter = Callable[[JSON], Awaitable[bool]]
+# (pod, service account, expirationSeconds, audience or None) -> token
+TokenRequester = Callable[[JSON, str, int, str | None], Awaitable[str]]
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 @dataclass
@@ -112,6 +115,12 @@ class PodContext:
     write_status: Callable[[str, str, JSON], Awaitable[bool]]
     delete_pod: Callable[[str, str, str], Awaitable[None]]
     record_event: Callable[[JSON, str, str, str], Awaitable[None]]
+    request_token: TokenRequester | None = None
+    """Mints a service-account token for a pod (None: no projected token volumes)."""
+    server: str = ""
+    """API server URL written into a pod's service-account kubeconfig."""
+    ca_data: bytes = b""
+    """API server CA (PEM) written next to the token."""
     restart_backoff_max: float = 10.0
 
 
@@ -485,6 +494,7 @@ class PodRunner:
             else:
                 value = expand(var.get("value") or "", {**env, **declared})
             declared[name] = value.replace(term_path, term_file)
+        env.update(await self._service_account_env(spec, declared))
         env.update(declared)
         command = [expand(a, env) for a in spec.get("command") or []]
         args = [expand(a, env) for a in spec.get("args") or []]
@@ -501,6 +511,86 @@ class PodRunner:
         except OSError as err:
             raise ContainerConfigError(f"workingDir {cwd}: {err}") from err
         return argv, env, cwd
+
+    async def _service_account_env(self, spec: JSON, declared: Mapping[str, str]) -> dict[str, str]:
+        """The projected service-account token, the way this agent can mount it.
+
+        A kubelet mounts the ``kube-api-access-*`` projected volume (token, ca.crt, namespace) at
+        /var/run/secrets/kubernetes.io/serviceaccount. Processes on a shared host cannot each own
+        that path, so the agent writes the volume under the pod's directory and points
+        ``KUBECONFIG`` at a kubeconfig holding the same token: Kubernetes clients fall back to it
+        when there is no in-cluster token file. The token is a real TokenRequest for the pod's
+        service account, bound to the pod, so the API server applies that account's RBAC.
+        """
+        volumes = {v["name"]: v for v in self.pod["spec"].get("volumes") or []}
+        for mount in spec.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"])
+            sources = ((volume or {}).get("projected") or {}).get("sources") or []
+            token_source = next(
+                (s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s), None
+            )
+            if token_source is None or "KUBECONFIG" in declared:
+                continue
+            kubeconfig = await self._project_token(mount["name"], sources, token_source)
+            return {"KUBECONFIG": str(kubeconfig)}
+        return {}
+
+    async def _project_token(self, volume: str, sources: list[JSON], token_source: JSON) -> Path:
+        directory = self.directory / "volumes" / volume
+        kubeconfig = directory / "kubeconfig"
+        if kubeconfig.exists():
+            return kubeconfig
+        if self.ctx.request_token is None:
+            raise ContainerConfigError(f"volume {volume}: this node cannot mint tokens")
+        account = self.pod["spec"].get("serviceAccountName") or "default"
+        try:
+            token = await self.ctx.request_token(
+                self.pod,
+                account,
+                int(token_source.get("expirationSeconds") or 3607),
+                token_source.get("audience"),
+            )
+        except Exception as err:
+            raise ContainerConfigError(f"volume {volume}: token for {account}: {err}") from err
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / str(token_source.get("path") or "token")).write_text(token)
+        for source in sources:
+            for item in (source.get("configMap") or {}).get("items") or []:
+                if item.get("key") == "ca.crt":
+                    (directory / item["path"]).write_bytes(self.ctx.ca_data)
+            for item in (source.get("downwardAPI") or {}).get("items") or []:
+                field_path = (item.get("fieldRef") or {}).get("fieldPath")
+                if field_path:
+                    (directory / item["path"]).write_text(self._field(field_path))
+        ca_file = directory / "devcluster-ca.crt"
+        ca_file.write_bytes(self.ctx.ca_data)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "in-cluster",
+                    "cluster": {"server": self.ctx.server, "certificate-authority": str(ca_file)},
+                }
+            ],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "in-cluster",
+                    "context": {
+                        "cluster": "in-cluster",
+                        "user": account,
+                        "namespace": self.namespace,
+                    },
+                }
+            ],
+            "current-context": "in-cluster",
+        }
+        tmp = kubeconfig.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config))
+        tmp.chmod(0o600)
+        tmp.replace(kubeconfig)
+        return kubeconfig
 
     async def _env_from(self, source: JSON) -> dict[str, str]:
         prefix = source.get("prefix") or ""
