@@ -49,9 +49,11 @@ fmt: venv
 
 gen: venv
 	$(BIN)/python hack/gen_crds.py
+	$(BIN)/python hack/gen_chart.py
 
 verify: venv
 	$(BIN)/python hack/gen_crds.py --check
+	$(BIN)/python hack/gen_chart.py --check
 
 test-unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -67,13 +67,16 @@ def render() -> dict[pathlib.Path, str]:
     files: dict[pathlib.Path, str] = {
         CRD_DIR / "clusterkopfpeerings.kopf.dev.yaml": f"{MARKER}\n---\n{_dump(PEERING_CRD)}"
     }
+    crds = [(PEERING_CRD["spec"]["names"]["plural"], PEERING_CRD)]
     for resource in RESOURCES:
         crd = build_crd(resource)
+        files[CRD_DIR / f"{crd['metadata']['name']}.yaml"] = f"{MARKER}\n---\n{_dump(crd)}"
+        crds.append((resource.plural, crd))
+    for plural, crd in crds:
         name = crd["metadata"]["name"]
-        files[CRD_DIR / f"{name}.yaml"] = f"{MARKER}\n---\n{_dump(crd)}"
         body = {k: v for k, v in crd.items() if k != "metadata"}
         head = _dump({"apiVersion": body.pop("apiVersion"), "kind": body.pop("kind")})
-        files[CHART_CRD_DIR / f"{resource.plural}.yaml"] = (
+        files[CHART_CRD_DIR / f"{plural}.yaml"] = (
             "{{- if .Values.crds.enabled }}\n"
             f"{MARKER}\n"
             f"{head}"
