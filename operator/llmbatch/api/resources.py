@@ -271,6 +271,8 @@ class BatchStatus(CRModel):
     """Lifecycle conditions."""
     observed_generation: int | None = None
     """The metadata.generation last acted on."""
+    work_removed_at: int | None = None
+    """Unix seconds: retention removed the work area (shard specs, chunks, progress)."""
 
 
 # --- BatchFile --------------------------------------------------------------------------------
@@ -296,7 +298,7 @@ class BatchFileSpec(CRModel):
     created_at: int
     """Unix seconds: upload or creation."""
     expires_at: int | None = None
-    """Unix seconds: when retention deletes the file."""
+    """Unix seconds: expiry set at creation; an input may ask for less than the 24 h default."""
 
 
 class BatchFileStatus(CRModel):
@@ -306,6 +308,8 @@ class BatchFileStatus(CRModel):
     """OpenAI file status."""
     used_by: Annotated[list[ObjectID], Field(max_length=64)] | None = None
     """Batches that reference this file (retention keeps it while any runs)."""
+    expires_at: int | None = None
+    """Unix seconds: when retention plans to delete the file (the File object's expires_at)."""
     conditions: Conditions | None = None
     """Conditions."""
 
@@ -424,6 +428,17 @@ class PoolTiers(CRModel):
     """Flex: lowest priority and price, 72h window."""
 
 
+class PoolRetention(CRModel):
+    """File retention of the pool's batches; nothing a running batch references is ever deleted."""
+
+    accepted_input_seconds: Annotated[int, Field(ge=1, le=2592000)] | None = None
+    """Most seconds an input file is kept after a batch accepted it (default 48 h)."""
+    input_after_batch_seconds: Annotated[int, Field(ge=0, le=2592000)] | None = None
+    """Seconds an accepted input is kept after its last batch finished (default 0)."""
+    output_seconds: Annotated[int, Field(ge=1, le=2592000)] | None = None
+    """Lifetime of output and error files unless the batch sets one (default 7 days)."""
+
+
 class BatchPoolSpec(CRModel):
     """One served model (or a few) on one kind of GPU node."""
 
@@ -459,6 +474,8 @@ class BatchPoolSpec(CRModel):
     """A shard is not preempted more often than this."""
     scale_down_cooldown_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
     """How long the wanted slot count must stay lower before slots are released."""
+    retention: PoolRetention | None = None
+    """How long files of batches on this pool are kept; unset: LLMBATCH_RETENTION_* defaults."""
 
 
 class QueueDepth(CRModel):

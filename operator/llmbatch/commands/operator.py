@@ -40,6 +40,8 @@ def operator(
     """Run the operator (settings from LLMBATCH_* environment variables; see docs/operations.md)."""
     if kubeconfig:
         os.environ["KUBECONFIG"] = os.path.abspath(kubeconfig)
+    if namespaces:  # what the retention sweep lists, like kopf's watches
+        os.environ["LLMBATCH_NAMESPACES"] = ",".join(namespaces)
     import kopf
 
     import llmbatch.controller.handlers  # noqa: F401  (registers the handlers)

@@ -34,6 +34,7 @@ from llmbatch.core.lifecycle import (
     unix_seconds,
     window_seconds,
 )
+from llmbatch.core.retention import output_expires_at
 from llmbatch.core.validation import (
     ErrorCode,
     InvalidLine,
@@ -722,7 +723,9 @@ class BatchReconciler:
             error_key=keys.file_key(namespace, error_id),
         )
         metrics.FINALIZE_SECONDS.observe(time.perf_counter() - started)
-        retention = spec.output_expires_after_seconds or self.config.default_output_retention
+        expires_at = output_expires_at(
+            int(now), spec.output_expires_after_seconds, pool.retention, self.config.retention
+        )
         batch_id = batch_id_from_name(meta["name"])
         for file_id, key, size, lines, suffix in (
             (output_id, merged.output_key, merged.output_bytes, merged.completed, "output"),
@@ -759,7 +762,7 @@ class BatchReconciler:
                         "storageKey": key,
                         "lineCount": lines,
                         "createdAt": int(now),
-                        "expiresAt": int(now) + retention,
+                        "expiresAt": expires_at,
                     },
                 },
             )
@@ -808,14 +811,20 @@ class BatchReconciler:
     # --- deletion ------------------------------------------------------------------------------
 
     async def delete(self, body: dict[str, Any]) -> None:
-        """Remove the batch's Jobs and work area (output files go with their BatchFiles)."""
+        """Remove the batch's Jobs, work area and result bytes (their BatchFiles are owned)."""
         meta = body["metadata"]
         await self._cleanup_jobs(meta, body.get("status") or {})
         prefix = keys.work_prefix(meta["namespace"], meta["uid"]) + "/"
+        results = [
+            keys.file_key(meta["namespace"], keys.derived_file_id(meta["uid"], purpose))
+            for purpose in ("output", "errors")
+        ]
 
         def remove() -> None:
             for info in list(self.store.list(prefix)):
                 self.store.delete(info.key)
+            for key in results:  # the garbage collector removes the objects, not the bytes
+                self.store.delete(key)
 
         await asyncio.to_thread(remove)
         self._last_progress.pop(meta["uid"], None)

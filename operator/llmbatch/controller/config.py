@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from llmbatch.core.retention import RetentionPolicy
+
 
 def _float(name: str, default: float) -> float:
     value = os.environ.get(name)
@@ -29,8 +31,10 @@ class OperatorConfig:
     """Port of /metrics (0: off)."""
     priority_class_prefix: str | None = None
     """When set, shard pods get PriorityClass ``<prefix>-<tier>``."""
-    default_output_retention: int = 7 * 24 * 3600
-    """Lifetime of output/error files when the batch does not say."""
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    """File retention defaults (pools override them with ``spec.retention``)."""
+    retention_interval: float = 60.0
+    """Seconds between retention sweeps (0: no sweeps)."""
     peering: str = "llmbatch"
     """kopf peering name; replicas with the same name never act at once."""
     namespaces: tuple[str, ...] = field(default_factory=tuple)
@@ -52,5 +56,38 @@ class OperatorConfig:
             metrics_port=int(os.environ.get("LLMBATCH_METRICS_PORT", "8080")),
             priority_class_prefix=os.environ.get("LLMBATCH_PRIORITY_CLASS_PREFIX") or None,
             peering=os.environ.get("LLMBATCH_PEERING", "llmbatch"),
+            retention=_retention_from_env(),
+            retention_interval=_float("LLMBATCH_RETENTION_INTERVAL", 60.0),
             namespaces=tuple(n for n in namespaces.split(",") if n),
         )
+
+
+def _seconds(name: str, default: int, minimum: int = 1) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise SystemExit(f"{name} must be a whole number of seconds, got {raw!r}") from exc
+    if value < minimum:
+        raise SystemExit(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _retention_from_env() -> RetentionPolicy:
+    default = RetentionPolicy()
+    return RetentionPolicy(
+        unused_input_seconds=_seconds(
+            "LLMBATCH_RETENTION_UNUSED_INPUT_SECONDS", default.unused_input_seconds
+        ),
+        accepted_input_seconds=_seconds(
+            "LLMBATCH_RETENTION_ACCEPTED_INPUT_SECONDS", default.accepted_input_seconds
+        ),
+        input_after_batch_seconds=_seconds(
+            "LLMBATCH_RETENTION_INPUT_AFTER_BATCH_SECONDS",
+            default.input_after_batch_seconds,
+            minimum=0,
+        ),
+        output_seconds=_seconds("LLMBATCH_RETENTION_OUTPUT_SECONDS", default.output_seconds),
+    )

@@ -6,6 +6,7 @@ Importing this module registers the handlers with kopf's default registry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import defaultdict
 from typing import Any
@@ -18,6 +19,7 @@ from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.pools import PoolScheduler
+from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.core.lifecycle import TERMINAL
 from llmbatch.storage import open_store
 
@@ -50,10 +52,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.batches = BatchReconciler(kube, open_store(config.store_uri), config)
     memo.pools = PoolScheduler(kube)
     metrics.serve(config.metrics_port)
+    if config.retention_interval > 0:
+        # Not a kopf timer: timers put a finalizer on every object they run on, and BatchFiles
+        # must stay deletable without the operator (DELETE /v1/files, owner garbage collection).
+        sweeper = RetentionSweeper(kube, memo.batches.store, config)
+        memo.retention_task = asyncio.create_task(sweeper.run(config.retention_interval))
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    retention: asyncio.Task[None] | None = getattr(memo, "retention_task", None)
+    if retention is not None:
+        retention.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await retention
     kube: Kube | None = getattr(memo, "kube", None)
     if kube is not None:
         await kube.close()

@@ -8,6 +8,7 @@ Objects come back as plain camelCase dicts.
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -72,6 +73,71 @@ class Kube:
             )
         items: list[dict[str, Any]] = listing.get("items", [])
         return items
+
+    async def iter_custom(
+        self, plural: str, namespace: str | None = None, page_size: int = 500
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every object of a kind, listed in pages (memory stays bounded by one page)."""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": page_size}
+            if token:
+                kwargs["_continue"] = token
+            if namespace is None:
+                listing = await self.custom.list_cluster_custom_object(
+                    GROUP, VERSION, plural, **kwargs
+                )
+            else:
+                listing = await self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, plural, **kwargs
+                )
+            for item in listing.get("items", []):
+                yield item
+            token = (listing.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    async def patch_custom_status(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> bool:
+        """Merge-patch the status subresource; False when the object is gone."""
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                patch,
+                # A dict body would go as a JSON patch otherwise (the stubs omit this parameter).
+                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def delete_custom(
+        self, plural: str, namespace: str, name: str, uid: str | None = None
+    ) -> bool:
+        """Delete one object (only that incarnation when ``uid`` is given).
+
+        True when this call deleted it; False when it was already gone or is another object of
+        the same name now — both count as done.
+        """
+        body = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=uid) if uid else None
+        )
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name, body=body
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
 
     async def create_or_adopt_custom(
         self, plural: str, namespace: str, body: dict[str, Any]

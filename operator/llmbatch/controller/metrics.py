@@ -72,6 +72,30 @@ FINALIZE_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
+RETENTION_FILES_EXPIRED = Counter(
+    "llmbatch_retention_files_expired_total",
+    "Files retention deleted (bytes and BatchFile), by purpose (batch, batch_output).",
+    ["purpose"],
+    registry=REGISTRY,
+)
+RETENTION_FREED_BYTES = Counter(
+    "llmbatch_retention_freed_bytes_total",
+    "Bytes retention removed from the object store, by area (input, output, work).",
+    ["area"],
+    registry=REGISTRY,
+)
+RETENTION_SWEEP_SECONDS = Histogram(
+    "llmbatch_retention_sweep_duration_seconds",
+    "Time of one retention sweep over every BatchFile and finished Batch.",
+    buckets=(0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
+RETENTION_ERRORS = Counter(
+    "llmbatch_retention_errors_total",
+    "Retention deletions, status updates or whole sweeps that failed (the next sweep retries).",
+    registry=REGISTRY,
+)
+
 
 _STATUSES: tuple[str, ...] = get_args(BatchStatus)
 _known: dict[str, str] = {}

@@ -1,0 +1,201 @@
+"""The retention sweep: delete what ``core.retention`` says is due, publish what it plans.
+
+One asyncio task of the operator runs :meth:`RetentionSweeper.sweep` every
+``LLMBATCH_RETENTION_INTERVAL`` seconds. Level-based and idempotent: every sweep lists BatchFiles,
+Batches and BatchPools afresh (all state lives on those objects), so a restarted operator simply
+carries on, and deleting a key or an object that is already gone counts as done. A file goes
+bytes first, then its BatchFile: a crash in between leaves an object whose bytes are gone, which
+the next sweep deletes — never bytes that no object would lead a sweep to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmbatch.api.resources import PoolRetention
+from llmbatch.controller import metrics
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.kube import Kube
+from llmbatch.core import keys
+from llmbatch.core.retention import (
+    BatchRef,
+    FileDecision,
+    RetentionPlan,
+    StoredFile,
+    plan_retention,
+)
+from llmbatch.storage.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did."""
+
+    files_deleted: int = 0
+    bytes_freed: int = 0
+    published: int = 0
+    work_areas_removed: int = 0
+    errors: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(
+            self.files_deleted
+            or self.bytes_freed
+            or self.published
+            or self.work_areas_removed
+            or self.errors
+        )
+
+
+class RetentionSweeper:
+    """Applies the retention rules to the cluster's files and finished batches."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        config: OperatorConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.config = config
+        self.clock = clock
+
+    async def run(self, interval: float) -> None:
+        """Sweep every ``interval`` seconds until cancelled; a failed sweep is retried next time."""
+        while True:
+            await asyncio.sleep(interval)
+            started = time.perf_counter()
+            try:
+                report = await self.sweep()
+            except Exception:
+                metrics.RETENTION_ERRORS.inc()
+                log.exception("retention sweep failed; retrying in %.0f s", interval)
+            else:
+                if report.changed:
+                    log.info("retention sweep: %s", report)
+            finally:
+                metrics.RETENTION_SWEEP_SECONDS.observe(time.perf_counter() - started)
+
+    async def plan(self) -> RetentionPlan:
+        """List what retention needs and decide (no change made)."""
+        now = self.clock()
+        # Files before batches: a batch created after its file was listed is then seen too.
+        files = [StoredFile.from_object(o) async for o in self._each("batchfiles")]
+        batches = [BatchRef.from_object(o) async for o in self._each("batches")]
+        pools: dict[str, PoolRetention | None] = {}
+        for pool in await self.kube.list_custom("batchpools"):
+            settings = (pool.get("spec") or {}).get("retention")
+            try:
+                pools[pool["metadata"]["name"]] = (
+                    PoolRetention.model_validate(settings) if settings else None
+                )
+            except ValidationError:
+                pools[pool["metadata"]["name"]] = None  # the CRD schema makes this unreachable
+        return plan_retention(files, batches, self.config.retention, pools, now)
+
+    async def sweep(self) -> SweepReport:
+        """One pass: delete the due files and work areas, publish planned expiries."""
+        plan = await self.plan()
+        report = SweepReport()
+        for decision in plan.delete:
+            await self._guarded(report, self._delete_file(decision, report))
+        for decision in plan.publish:
+            await self._guarded(report, self._publish(decision, report))
+        for batch in plan.clean_work:
+            await self._guarded(report, self._remove_work_area(batch, report))
+        return report
+
+    async def _each(self, plural: str) -> AsyncIterator[dict[str, Any]]:
+        for namespace in self.config.namespaces or (None,):
+            async for obj in self.kube.iter_custom(plural, namespace):
+                yield obj
+
+    @staticmethod
+    async def _guarded(report: SweepReport, action: Awaitable[None]) -> None:
+        try:
+            await action
+        except Exception:
+            report.errors += 1
+            metrics.RETENTION_ERRORS.inc()
+            log.exception("retention step failed; the next sweep retries it")
+
+    async def _delete_file(self, decision: FileDecision, report: SweepReport) -> None:
+        file = decision.file
+        key: str | None = keys.file_key(file.namespace, file.name)
+        if file.storage_key and file.storage_key != key:
+            # Bytes are only ever stored under the key derived from the id; anything else was
+            # written by hand and may be someone else's: drop the object, keep those bytes.
+            log.warning(
+                "BatchFile %s/%s names storage key %r, not its own; deleting only the object",
+                file.namespace,
+                file.name,
+                file.storage_key,
+            )
+            key = None
+        freed = await asyncio.to_thread(self._delete_key, key) if key else 0
+        if freed:
+            area = "input" if file.purpose == "batch" else "output"
+            metrics.RETENTION_FREED_BYTES.labels(area).inc(freed)
+            report.bytes_freed += freed
+        if await self.kube.delete_custom("batchfiles", file.namespace, file.name, file.uid):
+            metrics.RETENTION_FILES_EXPIRED.labels(file.purpose).inc()
+            report.files_deleted += 1
+            log.info(
+                "retention: deleted %s file %s/%s (%s, expired at %d, %d bytes)",
+                file.purpose,
+                file.namespace,
+                file.name,
+                decision.rule,
+                decision.expires_at,
+                freed,
+            )
+
+    def _delete_key(self, key: str) -> int:
+        info = self.store.head(key)
+        if info is None:
+            return 0  # gone already: an earlier sweep got this far
+        self.store.delete(key)
+        return info.size
+
+    async def _publish(self, decision: FileDecision, report: SweepReport) -> None:
+        file = decision.file
+        patch = {
+            "status": {"expiresAt": decision.expires_at, "usedBy": list(decision.used_by) or None}
+        }
+        if await self.kube.patch_custom_status("batchfiles", file.namespace, file.name, patch):
+            report.published += 1
+
+    async def _remove_work_area(self, batch: BatchRef, report: SweepReport) -> None:
+        prefix = keys.work_prefix(batch.namespace, batch.uid) + "/"
+
+        def remove() -> int:
+            freed = 0
+            for info in list(self.store.list(prefix)):
+                self.store.delete(info.key)
+                freed += info.size
+            return freed
+
+        freed = await asyncio.to_thread(remove)
+        if freed:
+            metrics.RETENTION_FREED_BYTES.labels("work").inc(freed)
+            report.bytes_freed += freed
+        marked = await self.kube.patch_custom_status(
+            "batches",
+            batch.namespace,
+            batch.name,
+            {"status": {"workRemovedAt": int(self.clock())}},
+        )
+        if marked:
+            report.work_areas_removed += 1

@@ -1,0 +1,341 @@
+"""File retention: which stored files and work areas are due for deletion at a given time.
+
+Pure: the operator's sweep lists BatchFiles, Batches and pool settings, hands them in with the
+clock, and gets back what to delete and which expiry to show. The rules (docs/operations.md):
+
+- an input no batch has accepted expires ``unused_input_seconds`` after upload (24 h), or earlier
+  when the file itself asks for less (``spec.expiresAt``);
+- an accepted input (a batch referencing it passed validation) is deleted once every batch using
+  it has finished, ``input_after_batch_seconds`` later (0), and at most ``accepted_input_seconds``
+  after the first acceptance (48 h);
+- output and error files expire at the ``spec.expiresAt`` fixed when finalisation wrote them
+  (7 days, a pool's ``outputSeconds``, or the batch's ``outputExpiresAfterSeconds``);
+- a finished batch's work area (inline input, shard specs, chunks, progress) is removed once.
+
+Nothing a non-terminal batch references (its input, its result files) is ever due, whatever the
+clocks say, and nothing a batch used goes before ``SETTLE_SECONDS`` after the batch finished: a
+reconcile still holding the batch's pre-terminal body must not find its inputs gone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from llmbatch.api.resources import PoolRetention
+from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.lifecycle import TERMINAL, unix_seconds
+
+HOUR = 3600
+DAY = 24 * HOUR
+SETTLE_SECONDS = 30
+"""Nothing a batch used is removed sooner than this after the batch finished."""
+MAX_USED_BY = 64
+"""``status.usedBy`` lists at most this many batches (the CRD's bound)."""
+
+Rule = Literal["unused_input", "accepted_input", "output"]
+_FINISHED_AT = {
+    "completed": "completedAt",
+    "failed": "failedAt",
+    "expired": "expiredAt",
+    "cancelled": "cancelledAt",
+}
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long files are kept; the operator-wide defaults, or one pool's view of them."""
+
+    unused_input_seconds: int = DAY
+    """An input no batch accepted: lifetime from upload."""
+    accepted_input_seconds: int = 2 * DAY
+    """An accepted input: most seconds kept after the first acceptance."""
+    input_after_batch_seconds: int = 0
+    """An accepted input: seconds kept after the last batch using it finished."""
+    output_seconds: int = 7 * DAY
+    """Output and error files: lifetime from creation unless the batch says otherwise."""
+
+    def for_pool(self, pool: PoolRetention | None) -> RetentionPolicy:
+        """These defaults with a pool's settings on top (unset pool fields keep the default)."""
+        if pool is None:
+            return self
+        return replace(
+            self,
+            accepted_input_seconds=_pick(pool.accepted_input_seconds, self.accepted_input_seconds),
+            input_after_batch_seconds=_pick(
+                pool.input_after_batch_seconds, self.input_after_batch_seconds
+            ),
+            output_seconds=_pick(pool.output_seconds, self.output_seconds),
+        )
+
+
+def _pick(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def output_expires_at(
+    created_at: int,
+    batch_seconds: int | None,
+    pool: PoolRetention | None,
+    default: RetentionPolicy,
+) -> int:
+    """``expiresAt`` of a new output or error file: the batch's wish, else the pool's, else 7 d."""
+    if batch_seconds is not None:
+        return created_at + batch_seconds
+    return created_at + default.for_pool(pool).output_seconds
+
+
+# --- what the sweep sees ----------------------------------------------------------------------
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _created(meta: Mapping[str, Any]) -> int:
+    stamp = _str(meta.get("creationTimestamp"))
+    try:
+        return unix_seconds(stamp) if stamp else 0
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """The retention-relevant facts of one BatchFile."""
+
+    namespace: str
+    name: str
+    """Object name = OpenAI file id."""
+    uid: str
+    purpose: str
+    storage_key: str
+    bytes: int
+    created_at: int
+    requested_expires_at: int | None
+    """``spec.expiresAt``: what the uploader (or finalisation) set."""
+    shown_expires_at: int | None
+    """``status.expiresAt``: what the operator last published."""
+    used_by: tuple[str, ...]
+    """``status.usedBy`` as last published."""
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> StoredFile:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        used_by = status.get("usedBy")
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            purpose=str(spec.get("purpose") or ""),
+            storage_key=str(spec.get("storageKey") or ""),
+            bytes=_int(spec.get("bytes")) or 0,
+            created_at=_int(spec.get("createdAt")) or _created(meta),
+            requested_expires_at=_int(spec.get("expiresAt")),
+            shown_expires_at=_int(status.get("expiresAt")),
+            used_by=tuple(str(b) for b in used_by) if isinstance(used_by, list) else (),
+        )
+
+
+@dataclass(frozen=True)
+class BatchRef:
+    """The retention-relevant facts of one Batch."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str | None
+    """``status.status``; None before the operator first wrote it (the batch is active)."""
+    input_file_id: str | None
+    result_file_ids: tuple[str, ...]
+    """``status.outputFileID`` and ``status.errorFileID`` when set."""
+    accepted_at: int | None
+    """Unix seconds validation accepted the input (``inProgressAt`` with ``inputKey`` set)."""
+    window_end: int | None
+    """``status.expiresAt``: the end of the completion window."""
+    finished_at: int | None
+    """When the batch reached its terminal status."""
+    pool: str | None
+    work_removed: bool
+    """``status.workRemovedAt`` is set."""
+
+    @property
+    def active(self) -> bool:
+        """Not finished: everything it references is in use."""
+        return self.phase not in TERMINAL
+
+    @property
+    def batch_id(self) -> str:
+        return batch_id_from_name(self.name)
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> BatchRef:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        phase = _str(status.get("status"))
+        accepted = _int(status.get("inProgressAt")) if _str(status.get("inputKey")) else None
+        finished = _int(status.get(_FINISHED_AT[phase])) if phase in _FINISHED_AT else None
+        results = (_str(status.get("outputFileID")), _str(status.get("errorFileID")))
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            phase=phase,
+            input_file_id=_str(spec.get("inputFileID")),
+            result_file_ids=tuple(r for r in results if r),
+            accepted_at=accepted,
+            window_end=_int(status.get("expiresAt")),
+            finished_at=finished,
+            pool=_str(status.get("pool")),
+            work_removed=_int(status.get("workRemovedAt")) is not None,
+        )
+
+
+# --- decisions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileDecision:
+    """What retention makes of one file now."""
+
+    file: StoredFile
+    rule: Rule
+    expires_at: int
+    """When the file is (or was) due; what its File object's expires_at shows."""
+    in_use: bool
+    """A non-terminal batch references it: kept whatever the clock says."""
+    due: bool
+    """Delete it now (bytes, then the BatchFile)."""
+    used_by: tuple[str, ...]
+    """Ids of the batches that reference it (for ``status.usedBy``)."""
+
+    @property
+    def status_stale(self) -> bool:
+        """The File object would show another expiry, or the user list changed."""
+        shown = self.file.shown_expires_at
+        if shown is None:
+            shown = self.file.requested_expires_at
+        return shown != self.expires_at or self.file.used_by != self.used_by
+
+
+PolicyOf = Mapping[str | None, RetentionPolicy]
+
+
+def _policy(policies: PolicyOf, default: RetentionPolicy, pool: str | None) -> RetentionPolicy:
+    return policies.get(pool, default)
+
+
+def decide_file(
+    file: StoredFile,
+    refs: Sequence[BatchRef],
+    default: RetentionPolicy,
+    policies: PolicyOf,
+    now: float,
+) -> FileDecision | None:
+    """Retention of one file given the batches referencing it; None for an unknown purpose."""
+    in_use = any(r.active for r in refs)
+    used_by = tuple(sorted({r.batch_id for r in refs}))[:MAX_USED_BY]
+    rule: Rule
+    if file.purpose == "batch_output":
+        rule = "output"
+        expires = file.requested_expires_at
+        if expires is None:
+            expires = file.created_at + default.output_seconds
+        finished = [r.finished_at for r in refs if not r.active and r.finished_at is not None]
+        if finished:
+            expires = max(expires, max(finished) + SETTLE_SECONDS)
+    elif file.purpose == "batch":
+        accepted = sorted(
+            (r for r in refs if r.accepted_at is not None), key=lambda r: r.accepted_at or 0
+        )
+        if accepted:
+            rule = "accepted_input"
+            expires = _accepted_input_expiry(accepted, default, policies)
+        else:
+            rule = "unused_input"
+            expires = file.created_at + default.unused_input_seconds
+            if file.requested_expires_at is not None:
+                expires = min(expires, file.requested_expires_at)
+    else:
+        return None
+    due = not in_use and now >= expires
+    return FileDecision(file, rule, expires, in_use, due, used_by)
+
+
+def _accepted_input_expiry(
+    accepted: Sequence[BatchRef], default: RetentionPolicy, policies: PolicyOf
+) -> int:
+    first = accepted[0]
+    first_policy = _policy(policies, default, first.pool)
+    bound = (first.accepted_at or 0) + first_policy.accepted_input_seconds
+    running = [r for r in accepted if r.active]
+    if running:
+        # Kept while a batch runs on it; the best guess of the end is its window's end (the 24 h
+        # window normally closes before the 48 h bound; a 72 h flex window does not).
+        ends = [r.window_end for r in running if r.window_end is not None]
+        return max([bound, *ends])
+    last = max(accepted, key=lambda r: r.finished_at or r.accepted_at or 0)
+    last_end = last.finished_at or last.accepted_at or 0
+    after = last_end + _policy(policies, default, last.pool).input_after_batch_seconds
+    return max(min(bound, after), last_end + SETTLE_SECONDS)
+
+
+def work_area_due(batch: BatchRef, now: float) -> bool:
+    """A finished batch's work area is removed once, shortly after it finished."""
+    if batch.active or batch.work_removed:
+        return False
+    return batch.finished_at is None or now >= batch.finished_at + SETTLE_SECONDS
+
+
+@dataclass
+class RetentionPlan:
+    """What one sweep should do."""
+
+    delete: list[FileDecision]
+    """Files due now."""
+    publish: list[FileDecision]
+    """Files kept whose ``status.expiresAt`` / ``status.usedBy`` should change."""
+    clean_work: list[BatchRef]
+    """Finished batches whose work area goes now."""
+
+
+def plan_retention(
+    files: Iterable[StoredFile],
+    batches: Iterable[BatchRef],
+    default: RetentionPolicy,
+    pools: Mapping[str, PoolRetention | None],
+    now: float,
+) -> RetentionPlan:
+    """Everything due at ``now``; running it twice over the result of the first is a no-op."""
+    policies: dict[str | None, RetentionPolicy] = {
+        name: default.for_pool(settings) for name, settings in pools.items()
+    }
+    refs: defaultdict[tuple[str, str], list[BatchRef]] = defaultdict(list)
+    batch_list = list(batches)
+    for batch in batch_list:
+        if batch.input_file_id:
+            refs[batch.namespace, batch.input_file_id].append(batch)
+        for file_id in batch.result_file_ids:
+            refs[batch.namespace, file_id].append(batch)
+    plan = RetentionPlan(delete=[], publish=[], clean_work=[])
+    for file in files:
+        decision = decide_file(
+            file, refs.get((file.namespace, file.name), ()), default, policies, now
+        )
+        if decision is None:
+            continue
+        if decision.due:
+            plan.delete.append(decision)
+        elif decision.status_stale:
+            plan.publish.append(decision)
+    plan.clean_work = [b for b in batch_list if work_area_due(b, now)]
+    return plan
