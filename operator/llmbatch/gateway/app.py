@@ -373,6 +373,51 @@ class CreateBatchRequest(BaseModel):
     metadata: dict[str, str] | None = None
     priority: str | None = Field(default=None, max_length=64)
     model: str | None = Field(default=None, max_length=256)
+    output_expires_after: Any = None
+    """``{"anchor": "created_at", "seconds": 3600..2592000}``: lifetime of the result files."""
+
+
+OUTPUT_EXPIRY_RANGE = (3600, 2592000)
+
+
+def _output_expiry_seconds(value: Any) -> int | None:
+    """Seconds of ``output_expires_after`` (anchored at the result files' creation), checked."""
+    if value is None:
+        return None
+    param = "output_expires_after"
+    if not isinstance(value, dict):
+        raise APIError(
+            400,
+            f"Invalid type for '{param}': expected an object with 'anchor' and 'seconds'.",
+            param=param,
+            code="invalid_type",
+        )
+    if value.get("anchor") != "created_at":
+        raise APIError(
+            400,
+            f"Invalid value for '{param}.anchor': {str(value.get('anchor'))[:32]!r}. "
+            "Supported values are: 'created_at'.",
+            param=f"{param}.anchor",
+            code="invalid_value",
+        )
+    seconds = value.get("seconds")
+    if not isinstance(seconds, int) or isinstance(seconds, bool):
+        raise APIError(
+            400,
+            f"Invalid type for '{param}.seconds': expected an integer.",
+            param=f"{param}.seconds",
+            code="invalid_type",
+        )
+    low, high = OUTPUT_EXPIRY_RANGE
+    if not low <= seconds <= high:
+        raise APIError(
+            400,
+            f"Invalid '{param}.seconds': expected a value between {low} and {high}, "
+            f"but got {seconds} instead.",
+            param=f"{param}.seconds",
+            code="invalid_value",
+        )
+    return seconds
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
@@ -528,6 +573,7 @@ async def create_batch(
             code="invalid_value",
         )
     _check_metadata(body.metadata)
+    output_expiry = _output_expiry_seconds(body.output_expires_after)
     priority = body.priority or "standard"
     if priority not in ("standard", "expedited"):
         raise APIError(
@@ -613,6 +659,8 @@ async def create_batch(
         spec_fields["metadata"] = body.metadata
     if body.model:
         spec_fields["model"] = body.model
+    if output_expiry is not None:
+        spec_fields["outputExpiresAfterSeconds"] = output_expiry
     try:
         spec = BatchSpec.model_validate(spec_fields).to_k8s()
     except PydanticValidationError as exc:

@@ -180,7 +180,10 @@ def file_to_openai(obj: dict[str, Any]) -> FileObject:
         spec.get("createdAt") or k8s_time((obj.get("metadata") or {}).get("creationTimestamp")) or 0
     )
     purpose: FilePurpose = "batch_output" if spec.get("purpose") == "batch_output" else "batch"
-    expires = _int_or_none(spec.get("expiresAt"))
+    # The operator's retention plan (status) wins over what was set at creation (spec).
+    expires = _int_or_none(status.get("expiresAt"))
+    if expires is None:
+        expires = _int_or_none(spec.get("expiresAt"))
     if expires is None and purpose == "batch":
         expires = created + INPUT_FILE_TTL
     file_status = status.get("status")
