@@ -145,6 +145,20 @@ def build_crd(resource: ResourceKind) -> dict[str, Any]:
         _batch_rules(spec)
     _annotate_conditions(spec)
     _annotate_conditions(status)
+    root: dict[str, Any] = {
+        "description": resource.description,
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": f"{API_VERSION}"},
+            "kind": {"type": "string", "description": resource.kind},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+    if resource.rules:
+        root["x-kubernetes-validations"] = [dict(rule) for rule in resource.rules]
     columns = []
     for column in resource.printer_columns:
         entry: dict[str, Any] = {k: v for k, v in column.items() if k != "priority"}
@@ -173,23 +187,7 @@ def build_crd(resource: ResourceKind) -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "description": resource.description,
-                            "type": "object",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {
-                                    "type": "string",
-                                    "description": f"{API_VERSION}",
-                                },
-                                "kind": {"type": "string", "description": resource.kind},
-                                "metadata": {"type": "object"},
-                                "spec": spec,
-                                "status": status,
-                            },
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },

@@ -1,4 +1,4 @@
-"""Custom resources of group ``llmbatch.io/v1alpha1``: Batch, BatchFile, BatchPool.
+"""Custom resources of group ``llmbatch.io/v1alpha1``: Batch, BatchFile, BatchPool, CreditAccount.
 
 These models are the single source of truth: ``hack/gen_crds.py`` turns them into the CRDs in
 ``crds/`` and the Helm chart, and every attribute docstring becomes the field's description that
@@ -27,6 +27,8 @@ ObjectID = Annotated[str, StringConstraints(max_length=128)]
 StoreKey = Annotated[str, StringConstraints(max_length=1024)]
 Decimal = Annotated[str, StringConstraints(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?$")]
 """A non-negative decimal number written as a string (CRDs carry no floats)."""
+SignedDecimal = Annotated[str, StringConstraints(max_length=33, pattern=r"^-?[0-9]+(\.[0-9]+)?$")]
+"""A decimal number that may be negative, written as a string."""
 Sha256 = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
 Quantity = Annotated[str, StringConstraints(max_length=64)]
 
@@ -205,6 +207,10 @@ class ShardStatus(CRModel):
     """Requests of this shard in error chunks."""
     preemptions: int = 0
     """Times this shard was suspended for higher-priority work."""
+    run_seconds: int = 0
+    """Seconds the shard's pod held its slot in finished runs (GPU time billing)."""
+    running_since: int | None = None
+    """Unix seconds the current run started, while one is under way."""
     message: Text | None = None
     """Why the shard failed, when it did."""
 
@@ -218,6 +224,29 @@ class Pricing(CRModel):
     """Price of 1M input tokens."""
     output_per_million: Decimal = "0"
     """Price of 1M output tokens."""
+
+
+BillingMode = Literal["Tokens", "GPUTime"]
+"""Tokens: catalog pool, token prices per tier. GPUTime: private deployment, billed GPU time."""
+
+
+class BatchBilling(CRModel):
+    """Credit held for the batch while it runs, and when its cost was charged (docs/billing.md)."""
+
+    mode: BillingMode = "Tokens"
+    """How the batch is charged, fixed at acceptance from its pool."""
+    gpu_hour_price: Decimal | None = None
+    """Price of one GPU-hour, fixed at acceptance (GPUTime mode)."""
+    account: DNSName | None = None
+    """The tenant's CreditAccount holding the reservation; absent: the tenant has no account."""
+    estimated_tokens: int = 0
+    """Input plus output tokens estimated at acceptance (the tenant's queued-token quota)."""
+    reserved: Decimal = "0"
+    """Credit reserved at acceptance; released when the batch ends."""
+    gpu_seconds: int | None = None
+    """GPU-seconds used by the shards (GPUTime mode), including work before a cancel."""
+    settled_at: int | None = None
+    """Unix seconds: the reservation was released and the cost charged (never twice)."""
 
 
 class BatchStatus(CRModel):
@@ -266,7 +295,9 @@ class BatchStatus(CRModel):
     pricing: Pricing | None = None
     """Token prices fixed at acceptance for the batch's tier."""
     cost: Decimal | None = None
-    """Cost of the successful requests at the fixed prices."""
+    """Cost of the successful requests at the fixed prices (GPU time on a private pool)."""
+    billing: BatchBilling | None = None
+    """Credit reservation and charge of the batch."""
     conditions: Conditions | None = None
     """Lifecycle conditions."""
     observed_generation: int | None = None
@@ -293,6 +324,12 @@ class BatchFileSpec(CRModel):
     """SHA-256 of the bytes."""
     line_count: int | None = None
     """Requests in the file (inputs)."""
+    model: ShortText | None = None
+    """The model every request names (inputs)."""
+    output_token_limits: int | None = None
+    """Sum of the output-token limits the requests declare (inputs; for credit estimates)."""
+    requests_without_output_limit: int | None = None
+    """Requests that declare no output-token limit (inputs; the pool default is assumed)."""
     storage_key: StoreKey
     """Key of the bytes in the object store, derived from the id."""
     created_at: int
@@ -354,6 +391,17 @@ class EnvVar(CRModel):
     """Variable value."""
 
 
+class ModelCache(CRModel):
+    """A PersistentVolumeClaim with model weights, mounted into every shard pod of the pool."""
+
+    claim_name: DNSName
+    """Name of the PersistentVolumeClaim in the pool's worker namespace."""
+    mount_path: Annotated[str, StringConstraints(pattern=r"^/", max_length=512)] = "/models"
+    """Where the weights appear in the pod; point the model sources below it."""
+    read_only: bool = True
+    """Mount read-only (ReadOnlyMany claims shared by every slot)."""
+
+
 class ExecutorSpec(CRModel):
     """How shard pods run."""
 
@@ -371,6 +419,10 @@ class ExecutorSpec(CRModel):
     """CPU request and limit of a shard pod."""
     memory: Quantity | None = None
     """Memory request and limit of a shard pod."""
+    model_cache: ModelCache | None = None
+    """Volume holding the model weights (no download at pod start)."""
+    shm_size: Quantity | None = None
+    """Size of a memory-backed /dev/shm (vLLM's tensor-parallel workers need more than 64Mi)."""
     flush_lines: Annotated[int, Field(ge=1, le=100000)] = 1000
     """An executor commits a result chunk every this many results..."""
     flush_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
@@ -395,12 +447,12 @@ class TierSettings(CRModel):
 
 
 class PoolLimits(CRModel):
-    """Per-batch limits enforced at validation."""
+    """Per-batch limits, checked by the gateway at creation and again at validation."""
 
-    max_requests: Annotated[int, Field(ge=1, le=50000)] = 50000
-    """Most requests in one batch."""
-    max_bytes: Annotated[int, Field(ge=1, le=268435456)] = 200000000
-    """Largest input file in bytes."""
+    max_requests: Annotated[int, Field(ge=1, le=50000)] | None = None
+    """Most requests in one batch; default 1000, or 95 on a private (GPUTime) pool."""
+    max_bytes: Annotated[int, Field(ge=1, le=268435456)] = 268435456
+    """Largest input file in bytes (default 256 MiB)."""
     max_line_bytes: Annotated[int, Field(ge=1024, le=67108864)] = 8388608
     """Largest input line in bytes."""
     require_output_token_limit: bool = False
@@ -426,6 +478,17 @@ class PoolTiers(CRModel):
     """Standard: the batch price."""
     flex: TierSettings = Field(default_factory=lambda: _default_tiers()["flex"])
     """Flex: lowest priority and price, 72h window."""
+
+
+class PoolBilling(CRModel):
+    """How batches on this pool are charged against their tenant's CreditAccount."""
+
+    mode: BillingMode = "Tokens"
+    """Tokens: catalog, successful results at token prices; GPUTime: private, GPU time billed."""
+    gpu_hour_price: Decimal = "0"
+    """Price of one GPU-hour in GPUTime mode (a slot holds gpusPerSlot GPUs)."""
+    default_output_tokens: Annotated[int, Field(ge=1, le=1048576)] = 1024
+    """Output tokens assumed, when estimating credit, for a request without an output limit."""
 
 
 class PoolRetention(CRModel):
@@ -466,6 +529,8 @@ class BatchPoolSpec(CRModel):
     """Per-batch limits."""
     tiers: PoolTiers = Field(default_factory=PoolTiers)
     """Drain targets and prices per tier."""
+    billing: PoolBilling = Field(default_factory=PoolBilling)
+    """Billing mode (token prices or GPU time) and credit-estimate defaults."""
     expedited_allowed: bool = True
     """Whether this pool accepts expedited batches."""
     preemption: Literal["Never", "LowerPriority"] = "Never"
@@ -508,6 +573,59 @@ class BatchPoolStatus(CRModel):
     """The metadata.generation last acted on."""
 
 
+# --- CreditAccount ----------------------------------------------------------------------------
+
+CREDIT_ACCOUNT_NAME = "default"
+"""A tenant's one CreditAccount: ``creditaccounts/default`` in its namespace."""
+
+
+class CreditAccountSpec(CRModel):
+    """The credit a tenant may spend; raise the limit to top it up."""
+
+    limit: Decimal
+    """Total credit granted, in currency units; spending stops when reserved + charged reach it."""
+    currency: Annotated[str, StringConstraints(max_length=8)] = "USD"
+    """ISO currency code (the pools' prices are in this currency)."""
+
+
+class CreditReservation(CRModel):
+    """Credit held for one batch from acceptance until it ends."""
+
+    batch: DNSName
+    """Name of the Batch (in the account's namespace)."""
+    amount: Decimal
+    """Credit held: the estimated cost."""
+    estimated_tokens: int = 0
+    """Input plus output tokens the estimate assumed."""
+    pool: DNSName | None = None
+    """The pool whose prices were used."""
+    mode: BillingMode = "Tokens"
+    """How the batch will be charged."""
+    pricing: Pricing | None = None
+    """Token prices of the batch's tier, fixed at acceptance (Tokens mode)."""
+    gpu_hour_price: Decimal | None = None
+    """GPU-hour price fixed at acceptance (GPUTime mode)."""
+    created_at: int
+    """Unix seconds: when the credit was reserved."""
+
+
+class CreditAccountStatus(CRModel):
+    """Spend of the tenant, kept by the gateway and the operator with atomic updates."""
+
+    reserved: Decimal = "0"
+    """Credit held by unfinished batches (the sum of reservations)."""
+    charged: Decimal = "0"
+    """Credit spent by finished batches, ever."""
+    available: SignedDecimal | None = None
+    """limit - reserved - charged (negative when actual costs passed the estimates)."""
+    active_batches: int = 0
+    """Batches holding a reservation."""
+    reservations: Annotated[list[CreditReservation], Field(max_length=1000)] | None = None
+    """One entry per unfinished batch; a batch is charged once, when its entry is removed."""
+    conditions: Conditions | None = None
+    """Conditions."""
+
+
 # --- resource registry ------------------------------------------------------------------------
 
 
@@ -523,6 +641,8 @@ class ResourceKind(BaseModel):
     status: type[CRModel]
     description: str
     printer_columns: list[dict[str, str]]
+    rules: list[dict[str, str]] = []
+    """CEL rules on the whole object (x-kubernetes-validations of the root schema)."""
 
 
 RESOURCES: tuple[ResourceKind, ...] = (
@@ -544,6 +664,7 @@ RESOURCES: tuple[ResourceKind, ...] = (
             {"name": "Total", "type": "integer", "jsonPath": ".status.requestCounts.total"},
             {"name": "Priority", "type": "string", "jsonPath": ".spec.priority"},
             {"name": "Model", "type": "string", "jsonPath": ".status.model", "priority": "1"},
+            {"name": "Cost", "type": "string", "jsonPath": ".status.cost", "priority": "1"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
     ),
@@ -581,6 +702,34 @@ RESOURCES: tuple[ResourceKind, ...] = (
             {"name": "Standard", "type": "integer", "jsonPath": ".status.queueDepth.standard"},
             {"name": "Flex", "type": "integer", "jsonPath": ".status.queueDepth.flex"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    ),
+    ResourceKind(
+        kind="CreditAccount",
+        plural="creditaccounts",
+        singular="creditaccount",
+        short_names=["lbcredit"],
+        scope="Namespaced",
+        spec=CreditAccountSpec,
+        status=CreditAccountStatus,
+        description=(
+            "A tenant's credit: its limit, the credit reserved by unfinished batches and what "
+            "finished batches were charged. One per tenant namespace, named default."
+        ),
+        printer_columns=[
+            {"name": "Limit", "type": "string", "jsonPath": ".spec.limit"},
+            {"name": "Reserved", "type": "string", "jsonPath": ".status.reserved"},
+            {"name": "Charged", "type": "string", "jsonPath": ".status.charged"},
+            {"name": "Available", "type": "string", "jsonPath": ".status.available"},
+            {"name": "Batches", "type": "integer", "jsonPath": ".status.activeBatches"},
+            {"name": "Currency", "type": "string", "jsonPath": ".spec.currency", "priority": "1"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        rules=[
+            {
+                "rule": f"self.metadata.name == '{CREDIT_ACCOUNT_NAME}'",
+                "message": f"a tenant has one CreditAccount, named {CREDIT_ACCOUNT_NAME}",
+            }
         ],
     ),
 )

@@ -18,14 +18,24 @@ from typing import Any
 import orjson
 import yaml
 
-from llmbatch.api.resources import API_VERSION, BatchPoolSpec, BatchSpec, ShardStatus
+from llmbatch.api.resources import (
+    API_VERSION,
+    CREDIT_ACCOUNT_NAME,
+    BatchPoolSpec,
+    BatchSpec,
+    CreditReservation,
+    Pricing,
+    ShardStatus,
+)
 from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.credits import CreditLedger
 from llmbatch.controller.finalize import ShardOutcome, merge_shard_outputs
 from llmbatch.controller.jobs import ANNOTATION_PREEMPTIONS, LABEL_BATCH_UID, build_shard_job
 from llmbatch.controller.kube import Kube
-from llmbatch.core import keys
+from llmbatch.core import billing, keys
+from llmbatch.core.admission import check_pool_queue, max_requests
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import (
     TERMINAL,
@@ -123,6 +133,7 @@ class BatchReconciler:
         self.store = store
         self.config = config
         self.clock = clock
+        self.credits = CreditLedger(kube, config.namespaces, clock)
         self._last_progress: dict[str, float] = {}
         # uid -> (phase we patched, when): a trigger that still sees the old phase holds a stale
         # body (kopf applies patches after the handler returns) and must not act on it.
@@ -143,6 +154,8 @@ class BatchReconciler:
                 return result
             del self._patched_phase[meta["uid"]]
         await self._dispatch(meta, spec, status, phase, result, now)
+        if result.status.get("status") in TERMINAL:
+            await self._settle(meta, status, result, now)
         if "status" in result.status:
             self._patched_phase[meta["uid"]] = (result.status["status"], now)
         return result
@@ -276,7 +289,7 @@ class BatchReconciler:
             pool_name, pool, pool_status = await self._choose_pool(spec, model)
             await self._check_tier(namespace, spec, pool_name, pool)
             limits = ValidationLimits(
-                max_requests=pool.limits.max_requests,
+                max_requests=max_requests(pool),
                 max_bytes=pool.limits.max_bytes,
                 max_line_bytes=pool.limits.max_line_bytes,
                 require_output_token_limit=pool.limits.require_output_token_limit,
@@ -293,25 +306,30 @@ class BatchReconciler:
             errors = [e.as_dict() for e in verdict.errors]
             self._fail(result, status, errors, now, total=verdict.request_count)
             return
-        limit = pool.limits.max_queued_requests
-        queued = sum((pool_status.get("queueDepth") or {}).values())
-        if limit is not None and queued + verdict.request_count > limit:
-            # Fail fast rather than queue without bound (the gateway answers 429 up front).
-            message = (
-                f"Pool {pool_name} is at capacity: {queued} requests queued, this batch's "
-                f"{verdict.request_count} would pass its limit of {limit}. Retry later."
-            )
+        # Fail fast rather than queue without bound (the gateway answers 429 up front).
+        refusal = check_pool_queue(pool_name, pool, pool_status, verdict.request_count)
+        if refusal is not None:
             self._fail(
                 result,
                 status,
-                [_error("capacity_exceeded", message)],
+                [_error(refusal.code, refusal.message)],
                 now,
                 total=verdict.request_count,
             )
             return
         tier = tier_of(spec)
-        pricing = getattr(pool.tiers, tier).pricing.to_k8s()
+        try:
+            pricing, charges = await self._reserve(
+                meta, pool_name, pool, pool_status, tier, verdict
+            )
+        except (billing.InsufficientCredit, billing.TooManyReservations) as exc:
+            code = "insufficient_credit"
+            if isinstance(exc, billing.TooManyReservations):
+                code = "too_many_batches"
+            self._fail(result, status, [_error(code, str(exc))], now, total=verdict.request_count)
+            return
         result.status.update(
+            billing=charges,
             model=verdict.model,
             pool=pool_name,
             inputKey=input_key,
@@ -339,6 +357,79 @@ class BatchReconciler:
             f"{verdict.request_count} requests for {verdict.model} in {len(verdict.shards)} "
             f"shards on pool {pool_name}",
         )
+
+    async def _reserve(
+        self,
+        meta: dict[str, Any],
+        pool_name: str,
+        pool: BatchPoolSpec,
+        pool_status: dict[str, Any],
+        tier: str,
+        verdict: ValidationResult,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Credit at acceptance: ``(status.pricing, status.billing)``.
+
+        The gateway reserved at creation (its prices are fixed on the batch) unless the Batch
+        came from kubectl or the model had no pool then; the operator reserves the estimate now
+        in that case. A tenant without a CreditAccount is not limited.
+        """
+        tier_pricing = getattr(pool.tiers, tier).pricing
+        size = billing.BatchSize(
+            input_bytes=verdict.total_bytes,
+            requests=verdict.request_count,
+            output_token_limits=verdict.declared_output_tokens,
+            requests_without_output_limit=verdict.requests_without_output_limit,
+        )
+        estimate = billing.estimate_batch(
+            pool, tier_pricing, size, pool_status.get("throughputPerSlot")
+        )
+        gpu_mode = pool.billing.mode == "GPUTime"
+        entry = CreditReservation(
+            batch=meta["name"],
+            amount=billing.money(estimate.amount),
+            estimated_tokens=estimate.tokens,
+            pool=pool_name,
+            mode=pool.billing.mode,
+            pricing=None if gpu_mode else tier_pricing,
+            gpu_hour_price=pool.billing.gpu_hour_price if gpu_mode else None,
+            created_at=int(self.clock()),
+        )
+        held = await self.credits.reserve(meta["namespace"], entry)
+        fixed = held or entry
+        if fixed.mode == "GPUTime":
+            pricing = Pricing(currency=tier_pricing.currency)  # no separate token charge
+        else:
+            pricing = fixed.pricing or tier_pricing
+        charges: dict[str, Any] = {
+            "mode": fixed.mode,
+            "estimatedTokens": fixed.estimated_tokens,
+            "reserved": fixed.amount if held is not None else "0",
+        }
+        if fixed.gpu_hour_price is not None:
+            charges["gpuHourPrice"] = fixed.gpu_hour_price
+        if held is not None:
+            charges["account"] = CREDIT_ACCOUNT_NAME
+            metrics.CREDITS_RESERVED.labels(self.credits.tenant_label(meta["namespace"])).inc(
+                float(held.amount)
+            )
+        return pricing.to_k8s(), charges
+
+    async def _settle(
+        self, meta: dict[str, Any], status: dict[str, Any], result: Step, now: float
+    ) -> None:
+        """At a terminal state: release the reservation and charge the cost, exactly once.
+
+        The account write removes the reservation together with adding the charge, so a second
+        run (the status patch was lost, the operator restarted) finds no reservation and
+        charges nothing; ``billing.settledAt`` records it on the batch.
+        """
+        charges = {**(status.get("billing") or {}), **(result.status.get("billing") or {})}
+        if charges.get("settledAt"):
+            return
+        cost = str(result.status.get("cost") or status.get("cost") or "0")
+        await self.credits.settle(meta["namespace"], meta["name"], cost)
+        charges["settledAt"] = int(now)
+        result.status["billing"] = charges
 
     @staticmethod
     def _without_nulls(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -541,7 +632,7 @@ class BatchReconciler:
                 )
                 shard["job"] = job["metadata"]["name"]
             if job is not None:
-                self._observe_job(shard, job, pool_name)
+                self._observe_job(shard, job, pool_name, now)
         if shards != status.get("shards"):
             result.status["shards"] = shards
         if all(s["phase"] in ("Succeeded", "Failed") for s in shards):
@@ -585,9 +676,12 @@ class BatchReconciler:
         )
 
     @staticmethod
-    def _observe_job(shard: dict[str, Any], job: dict[str, Any], pool_name: str) -> None:
+    def _observe_job(
+        shard: dict[str, Any], job: dict[str, Any], pool_name: str, now: float
+    ) -> None:
         shard["job"] = job["metadata"]["name"]
         finished, message = _job_finished(job)
+        started = _stamp((job.get("status") or {}).get("startTime"))
         if finished is not None:
             if shard["phase"] != finished:
                 job_status = job.get("status") or {}
@@ -595,6 +689,7 @@ class BatchReconciler:
                 if start and end:
                     seconds = unix_seconds(end) - unix_seconds(start)
                     metrics.SHARD_RUN_SECONDS.labels(pool_name).observe(seconds)
+                _track_run(shard, started, _finished_at(job) or int(now), False, now)
             shard["phase"] = finished
             if message:
                 shard["message"] = message[:4096]
@@ -604,6 +699,7 @@ class BatchReconciler:
         suspended = (job.get("spec") or {}).get("suspend")
         active = (job.get("status") or {}).get("active") or 0
         shard["phase"] = "Pending" if suspended else ("Running" if active else "Admitted")
+        _track_run(shard, started, None, not suspended, now)
 
     async def _fold_progress(
         self,
@@ -781,7 +877,19 @@ class BatchReconciler:
             errorFileID=error_id if merged.error_key else None,
         )
         pricing = status.get("pricing")
-        if pricing:
+        charges = dict(status.get("billing") or {})
+        if charges.get("mode") == "GPUTime":
+            gpu_seconds = _gpu_seconds(status, pool.gpus_per_slot, now)
+            result.status["cost"] = billing.final_charge(
+                "GPUTime",
+                pricing=None,
+                input_tokens=0,
+                output_tokens=0,
+                gpu_seconds=gpu_seconds,
+                gpu_hour_price=charges.get("gpuHourPrice"),
+            )
+            result.status["billing"] = {**charges, "gpuSeconds": gpu_seconds}
+        elif pricing:
             result.status["cost"] = cost_of(
                 merged.input_tokens,
                 merged.output_tokens,
@@ -813,6 +921,7 @@ class BatchReconciler:
     async def delete(self, body: dict[str, Any]) -> None:
         """Remove the batch's Jobs, work area and result bytes (their BatchFiles are owned)."""
         meta = body["metadata"]
+        await self._release_on_delete(meta, body.get("status") or {})
         await self._cleanup_jobs(meta, body.get("status") or {})
         prefix = keys.work_prefix(meta["namespace"], meta["uid"]) + "/"
         results = [
@@ -829,6 +938,76 @@ class BatchReconciler:
         await asyncio.to_thread(remove)
         self._last_progress.pop(meta["uid"], None)
         self._patched_phase.pop(meta["uid"], None)
+
+    async def _release_on_delete(self, meta: dict[str, Any], status: dict[str, Any]) -> None:
+        """A batch deleted before it ended gives its reservation back; on a private pool the
+        GPU time it used so far is charged, like a cancel."""
+        charges = status.get("billing") or {}
+        if charges.get("settledAt"):
+            return
+        charge = "0"
+        if charges.get("mode") == "GPUTime" and status.get("pool"):
+            pool = await self.kube.get_custom("batchpools", None, status["pool"])
+            if pool is not None:
+                gpus = BatchPoolSpec.model_validate(pool.get("spec") or {}).gpus_per_slot
+                charge = billing.final_charge(
+                    "GPUTime",
+                    pricing=None,
+                    input_tokens=0,
+                    output_tokens=0,
+                    gpu_seconds=_gpu_seconds(status, gpus, self.clock()),
+                    gpu_hour_price=charges.get("gpuHourPrice"),
+                )
+        await self.credits.settle(meta["namespace"], meta["name"], charge)
+
+
+def _stamp(value: str | None) -> int | None:
+    return unix_seconds(value) if value else None
+
+
+def _finished_at(job: dict[str, Any]) -> int | None:
+    """When a finished Job ended: its completionTime, else its Complete/Failed condition's."""
+    job_status = job.get("status") or {}
+    if job_status.get("completionTime"):
+        return unix_seconds(job_status["completionTime"])
+    for cond in job_status.get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return _stamp(cond.get("lastTransitionTime"))
+    return None
+
+
+def _track_run(
+    shard: dict[str, Any], started: int | None, finished_at: int | None, active: bool, now: float
+) -> None:
+    run, since = billing.observe_run(
+        int(shard.get("runSeconds") or 0),
+        shard.get("runningSince"),
+        started=started,
+        finished_at=finished_at,
+        active=active,
+        now=int(now),
+    )
+    shard["runSeconds"] = run
+    if since is None:
+        shard.pop("runningSince", None)
+    else:
+        shard["runningSince"] = since
+
+
+def _gpu_seconds(status: dict[str, Any], gpus_per_slot: int, now: float) -> int:
+    """GPU-seconds of a batch's shards; runs still open (stopped by a cancel) end ``now``."""
+    total = 0
+    for shard in status.get("shards") or []:
+        run, _ = billing.observe_run(
+            int(shard.get("runSeconds") or 0),
+            shard.get("runningSince"),
+            started=None,
+            finished_at=None,
+            active=False,
+            now=int(now),
+        )
+        total += run
+    return total * gpus_per_slot
 
 
 def _camel(phase: str) -> str:

@@ -35,6 +35,8 @@ class OperatorConfig:
     """File retention defaults (pools override them with ``spec.retention``)."""
     retention_interval: float = 60.0
     """Seconds between retention sweeps (0: no sweeps)."""
+    credit_repair_interval: float = 30.0
+    """Seconds between upkeep passes over the CreditAccounts (0: none)."""
     peering: str = "llmbatch"
     """kopf peering name; replicas with the same name never act at once."""
     namespaces: tuple[str, ...] = field(default_factory=tuple)
@@ -55,6 +57,7 @@ class OperatorConfig:
             progress_interval=_float("LLMBATCH_PROGRESS_INTERVAL", 5.0),
             metrics_port=int(os.environ.get("LLMBATCH_METRICS_PORT", "8080")),
             priority_class_prefix=os.environ.get("LLMBATCH_PRIORITY_CLASS_PREFIX") or None,
+            credit_repair_interval=_float("LLMBATCH_CREDIT_REPAIR_INTERVAL", 30.0),
             peering=os.environ.get("LLMBATCH_PEERING", "llmbatch"),
             retention=_retention_from_env(),
             retention_interval=_float("LLMBATCH_RETENTION_INTERVAL", 60.0),

@@ -47,6 +47,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 60
     settings.peering.name = config.peering
     kube = await Kube.connect()
+    # kopf only patches the peering object; a missing one means replicas would not see each other.
+    await kube.ensure_cluster_peering(config.peering)
     memo.config = config
     memo.kube = kube
     memo.batches = BatchReconciler(kube, open_store(config.store_uri), config)
@@ -139,3 +141,28 @@ async def pool_timer(
         patch.setdefault("status", {}).update(result.status)
     for event_type, reason, message in result.events:
         kopf.event(body, type=event_type, reason=reason, message=message)
+
+
+@kopf.on.startup()
+async def start_credit_upkeep(memo: kopf.Memo, **_: Any) -> None:
+    """Start the CreditAccount upkeep task (docs/billing.md)."""
+
+    async def upkeep() -> None:
+        # kopf runs startup handlers concurrently: wait for ``configure`` to fill the memo.
+        while getattr(memo, "batches", None) is None:
+            await asyncio.sleep(0.1)
+        config: OperatorConfig = memo.config
+        reconciler: BatchReconciler = memo.batches
+        if config.credit_repair_interval > 0:
+            await reconciler.credits.run(config.namespaces, config.credit_repair_interval)
+
+    memo.credit_task = asyncio.create_task(upkeep())
+
+
+@kopf.on.cleanup()
+async def stop_credit_upkeep(memo: kopf.Memo, **_: Any) -> None:
+    task: asyncio.Task[None] | None = getattr(memo, "credit_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

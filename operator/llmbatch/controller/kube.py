@@ -17,6 +17,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from llmbatch.api.resources import GROUP, VERSION
 
 
+class Conflict(Exception):
+    """The object changed since it was read (optimistic concurrency): re-read and retry."""
+
+
 class Kube:
     """Thin typed wrappers over the API calls the operator makes."""
 
@@ -159,7 +163,41 @@ class Kube:
             return created
         return existing
 
+    async def replace_custom_status(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any]
+    ) -> bool:
+        """PUT the status subresource with ``body.metadata.resourceVersion`` as precondition.
+
+        :class:`Conflict` when the object changed since it was read; False when it is gone.
+        """
+        try:
+            await self.custom.replace_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, plural, name, body
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(name) from exc
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     # --- namespaces ----------------------------------------------------------------------------
+
+    async def ensure_cluster_peering(self, name: str) -> None:
+        """Create kopf's ClusterKopfPeering object ``name`` unless it exists (409 is success)."""
+        body = {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "ClusterKopfPeering",
+            "metadata": {"name": name},
+        }
+        try:
+            await self.custom.create_cluster_custom_object(
+                "kopf.dev", "v1", "clusterkopfpeerings", body
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
     async def namespace_annotations(self, namespace: str) -> dict[str, str]:
         try:

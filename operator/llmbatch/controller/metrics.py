@@ -59,6 +59,20 @@ DESIRED_SLOTS = Gauge(
     ["pool"],
     registry=REGISTRY,
 )
+CREDITS_RESERVED = Counter(
+    "llmbatch_credits_reserved_total",
+    "Credit reserved for accepted batches, in currency units. tenant is the namespace only when "
+    "LLMBATCH_NAMESPACES bounds the tenants, else empty.",
+    ["tenant"],
+    registry=REGISTRY,
+)
+CREDITS_CHARGED = Counter(
+    "llmbatch_credits_charged_total",
+    "Credit charged for finished batches (reservation released), in currency units; tenant as "
+    "for llmbatch_credits_reserved_total.",
+    ["tenant"],
+    registry=REGISTRY,
+)
 VALIDATION_SECONDS = Histogram(
     "llmbatch_validation_duration_seconds",
     "Time to validate and plan one batch input.",

@@ -125,6 +125,8 @@ class ValidationResult:
     """Sum of the output-token limits the lines declare (an upper bound for cost estimates)."""
     aborted: bool
     """True when a whole-file limit (size, request count) stopped reading early."""
+    requests_without_output_limit: int = 0
+    """Requests to a generative endpoint that declare no output-token limit."""
 
     @property
     def ok(self) -> bool:
@@ -338,6 +340,7 @@ class LineValidator:
         self._seen: set[str] = set()
         self._model: str | None = None
         self._output_tokens = 0
+        self._unlimited = 0
         self._total = 0
         self._skipped_bytes = 0
         self.aborted = False
@@ -441,6 +444,8 @@ class LineValidator:
         for problem in problems:
             self._report(problem)
         self._output_tokens += output_tokens
+        if output_tokens == 0 and self.endpoint in _GENERATIVE_ENDPOINTS:
+            self._unlimited += 1
         if model is not None:
             if self._model is None:
                 self._model = model
@@ -501,6 +506,7 @@ class LineValidator:
             shards=[] if self.aborted else list(self._cutter.shards),
             declared_output_tokens=self._output_tokens,
             aborted=self.aborted,
+            requests_without_output_limit=self._unlimited,
         )
 
 

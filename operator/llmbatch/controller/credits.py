@@ -1,0 +1,173 @@
+"""The operator's side of credit accounts: reserve at acceptance, settle at the end, repair.
+
+Every change is read → ``core.billing`` → write back with the resourceVersion read; a 409 starts
+over from a fresh read, so the gateway's and the operator's concurrent updates never overwrite
+each other. Settlement removes the batch's reservation and adds its charge in one write, and a
+batch without a reservation is never charged: finalisation running twice charges once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+from llmbatch.api.resources import (
+    CREDIT_ACCOUNT_NAME,
+    CreditAccountSpec,
+    CreditAccountStatus,
+    CreditReservation,
+)
+from llmbatch.controller import metrics
+from llmbatch.controller.kube import Conflict, Kube
+from llmbatch.core import billing
+from llmbatch.core.lifecycle import TERMINAL
+
+log = logging.getLogger(__name__)
+
+PLURAL = "creditaccounts"
+ATTEMPTS = 30
+ORPHAN_GRACE_SECONDS = 300
+"""A reservation whose Batch does not exist this long after it was made is dropped (the
+gateway reserved and then died before creating the Batch)."""
+
+Change = Callable[[str, CreditAccountStatus], CreditAccountStatus | None]
+
+
+class CreditAccountBusy(RuntimeError):
+    """Too many concurrent writers; the caller's next reconcile retries."""
+
+
+class CreditLedger:
+    """Reads and atomically updates tenants' ``CreditAccount`` objects."""
+
+    def __init__(
+        self, kube: Kube, tenants: tuple[str, ...] = (), clock: Callable[[], float] = time.time
+    ) -> None:
+        self.kube = kube
+        self.clock = clock
+        # The tenant label is only used when the set of tenants is fixed by configuration.
+        self.labelled = frozenset(tenants)
+
+    def tenant_label(self, namespace: str) -> str:
+        return namespace if namespace in self.labelled else ""
+
+    async def _update(self, namespace: str, change: Change) -> CreditAccountStatus | None:
+        """Apply ``change`` until the write sticks; None when there is no account or no change."""
+        for attempt in range(ATTEMPTS):
+            account = await self.kube.get_custom(PLURAL, namespace, CREDIT_ACCOUNT_NAME)
+            if account is None:
+                return None
+            spec = CreditAccountSpec.model_validate(account.get("spec") or {})
+            status = CreditAccountStatus.model_validate(account.get("status") or {})
+            updated = change(spec.limit, status)
+            if updated is None:
+                return None
+            body = {**account, "status": updated.to_k8s()}
+            try:
+                if not await self.kube.replace_custom_status(
+                    PLURAL, namespace, CREDIT_ACCOUNT_NAME, body
+                ):
+                    return None
+            except Conflict:
+                await asyncio.sleep(random.uniform(0, 0.01 * min(attempt + 1, 10)))
+                continue
+            return updated
+        raise CreditAccountBusy(f"credit account of {namespace} kept changing; retrying later")
+
+    async def account(self, namespace: str) -> tuple[CreditAccountSpec, CreditAccountStatus] | None:
+        account = await self.kube.get_custom(PLURAL, namespace, CREDIT_ACCOUNT_NAME)
+        if account is None:
+            return None
+        return (
+            CreditAccountSpec.model_validate(account.get("spec") or {}),
+            CreditAccountStatus.model_validate(account.get("status") or {}),
+        )
+
+    async def reserve(self, namespace: str, entry: CreditReservation) -> CreditReservation | None:
+        """The reservation in force for ``entry.batch``: the one the gateway made at creation
+        (its prices are the batch's), else ``entry`` once added. None: the tenant has no account.
+
+        Raises ``billing.InsufficientCredit`` / ``billing.TooManyReservations``.
+        """
+        current = await self.account(namespace)
+        if current is None:
+            return None
+        existing = billing.find(current[1], entry.batch)
+        if existing is not None:
+            return existing
+        currency = current[0].currency
+
+        def add(limit: str, status: CreditAccountStatus) -> CreditAccountStatus | None:
+            return billing.reserve(limit, currency, status, entry)
+
+        await self._update(namespace, add)
+        again = await self.account(namespace)
+        return billing.find(again[1], entry.batch) if again is not None else None
+
+    async def settle(self, namespace: str, batch: str, charge: str) -> bool:
+        """Release ``batch``'s reservation and charge ``charge``; False when it held none."""
+
+        def apply(limit: str, status: CreditAccountStatus) -> CreditAccountStatus | None:
+            return billing.settle(limit, status, batch, charge)
+
+        settled = await self._update(namespace, apply)
+        if settled is None:
+            return False
+        metrics.CREDITS_CHARGED.labels(self.tenant_label(namespace)).inc(float(Decimal(charge)))
+        log.info("credit of %s: batch %s charged %s", namespace, batch, charge)
+        return True
+
+    async def repair(self, namespace: str, body: dict[str, Any]) -> None:
+        """Level-based upkeep of one account (a timer calls it).
+
+        Drops reservations of Batches that no longer exist (older than the grace period) or that
+        ended and were settled, and keeps reserved / available current after a limit change.
+        """
+        now = int(self.clock())
+        status = CreditAccountStatus.model_validate(body.get("status") or {})
+        orphans: set[str] = set()
+        for entry in status.reservations or []:
+            if now - entry.created_at < ORPHAN_GRACE_SECONDS:
+                continue
+            batch = await self.kube.get_custom("batches", namespace, entry.batch)
+            batch_status = (batch or {}).get("status") or {}
+            settled = ((batch_status.get("billing") or {}).get("settledAt")) is not None
+            if batch is None or (batch_status.get("status") in TERMINAL and settled):
+                orphans.add(entry.batch)
+
+        def tidy(limit: str, current: CreditAccountStatus) -> CreditAccountStatus | None:
+            kept, dropped = billing.collect(limit, current, lambda e: e.batch not in orphans)
+            if not dropped and kept.to_k8s() == current.to_k8s():
+                return None
+            for entry in dropped:
+                log.warning(
+                    "credit of %s: released orphaned reservation of %s", namespace, entry.batch
+                )
+            return kept
+
+        await self._update(namespace, tidy)
+
+    async def run(self, namespaces: tuple[str, ...], interval: float) -> None:
+        """Repair every account each ``interval`` seconds until cancelled.
+
+        A plain task, not a kopf timer: a timer would put a finalizer on every CreditAccount,
+        and tenants' namespaces must stay deletable while the operator is down.
+        """
+        while True:
+            try:
+                for namespace in namespaces or ("",):
+                    accounts = await self.kube.list_custom(PLURAL, namespace or None)
+                    for account in accounts:
+                        meta = account.get("metadata") or {}
+                        if meta.get("name") == CREDIT_ACCOUNT_NAME:
+                            await self.repair(meta["namespace"], account)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("credit account upkeep failed; retrying in %ss", interval)
+            await asyncio.sleep(interval)

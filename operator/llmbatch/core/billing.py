@@ -1,0 +1,268 @@
+"""Credit maths: the estimate reserved at acceptance, the charge at the end, the account ledger.
+
+Pure: functions take data (and the time) and return data; the gateway and the operator do the
+API calls around them (read the CreditAccount, apply one of these, write it back with its
+resourceVersion, retry on conflict). docs/billing.md explains the rules with a worked example.
+
+Money is :class:`decimal.Decimal`, written as strings with six decimals; never a float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+
+from llmbatch.api.resources import (
+    BatchPoolSpec,
+    CreditAccountStatus,
+    CreditReservation,
+    Pricing,
+)
+
+ESTIMATE_BYTES_PER_TOKEN = 3
+"""Input bytes per estimated input token: below real tokenizers' ~4 for English, so the estimate
+errs high (JSON framing counts too), and still covers escaped non-Latin text."""
+MAX_RESERVATIONS = 1000
+"""Unfinished batches one account can hold credit for (the ledger lives on one object)."""
+_QUANTUM = Decimal("0.000001")
+
+
+def money(value: Decimal) -> str:
+    """A money amount as the API stores it: six decimals, rounded half up."""
+    return str(value.quantize(_QUANTUM, rounding=ROUND_HALF_UP))
+
+
+def _ceil(value: Decimal) -> Decimal:
+    return value.quantize(_QUANTUM, rounding=ROUND_CEILING)
+
+
+# --- estimate ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """What is known of a batch's input at acceptance (from the validated file or requests)."""
+
+    input_bytes: int
+    requests: int
+    output_token_limits: int
+    """Sum of the output-token limits the requests declare."""
+    requests_without_output_limit: int
+    """Requests that declare none (the pool's default is assumed for each)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The credit to reserve, and the tokens it assumed."""
+
+    input_tokens: int
+    output_tokens: int
+    amount: Decimal
+    gpu_seconds: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def estimate_input_tokens(input_bytes: int) -> int:
+    """Input tokens assumed for ``input_bytes`` of JSONL (rounded up)."""
+    return -(-max(0, input_bytes) // ESTIMATE_BYTES_PER_TOKEN)
+
+
+def estimate_output_tokens(size: BatchSize, default_output_tokens: int) -> int:
+    """Declared output limits, plus the pool's default for each request without one."""
+    return size.output_token_limits + size.requests_without_output_limit * default_output_tokens
+
+
+def gpu_cost(gpu_seconds: int, gpu_hour_price: str) -> Decimal:
+    """Price of ``gpu_seconds`` at a GPU-hour price."""
+    return Decimal(max(0, gpu_seconds)) * Decimal(gpu_hour_price) / Decimal(3600)
+
+
+def token_cost(input_tokens: int, output_tokens: int, pricing: Pricing) -> Decimal:
+    """Price of tokens at per-1M-token prices."""
+    return (
+        Decimal(input_tokens) * Decimal(pricing.input_per_million)
+        + Decimal(output_tokens) * Decimal(pricing.output_per_million)
+    ) / Decimal(1_000_000)
+
+
+def estimate_batch(
+    pool: BatchPoolSpec, pricing: Pricing, size: BatchSize, throughput_per_slot: str | None = None
+) -> Estimate:
+    """The reservation of a batch on ``pool`` at its tier's ``pricing`` (rounded up).
+
+    Tokens mode: estimated input tokens at the input price plus declared (or default) output
+    tokens at the output price. GPUTime mode: the requests at the pool's (learned) throughput per
+    slot, times the slot's GPUs, at the GPU-hour price.
+    """
+    input_tokens = estimate_input_tokens(size.input_bytes)
+    output_tokens = estimate_output_tokens(size, pool.billing.default_output_tokens)
+    if pool.billing.mode == "GPUTime":
+        throughput = Decimal(throughput_per_slot or pool.throughput_per_slot)
+        if throughput <= 0:
+            throughput = Decimal(1)
+        slot_seconds = int((Decimal(size.requests) / throughput).to_integral_value(ROUND_CEILING))
+        gpu_seconds = slot_seconds * pool.gpus_per_slot
+        amount = gpu_cost(gpu_seconds, pool.billing.gpu_hour_price)
+        return Estimate(input_tokens, output_tokens, _ceil(amount), gpu_seconds)
+    return Estimate(
+        input_tokens, output_tokens, _ceil(token_cost(input_tokens, output_tokens, pricing))
+    )
+
+
+# --- charge ------------------------------------------------------------------------------------
+
+
+def final_charge(
+    mode: str,
+    *,
+    pricing: Pricing | None,
+    input_tokens: int,
+    output_tokens: int,
+    gpu_seconds: int = 0,
+    gpu_hour_price: str | None = None,
+) -> str:
+    """What a finished batch costs.
+
+    Tokens mode: the usage of the final output file (successful results only) at the prices
+    fixed at acceptance. GPUTime mode: the GPU time its shards used, work before a cancel or a
+    failure included; no token charge. A batch that never ran costs nothing either way.
+    """
+    if mode == "GPUTime":
+        return money(gpu_cost(gpu_seconds, gpu_hour_price or "0"))
+    if pricing is None:
+        return money(Decimal(0))
+    return money(token_cost(input_tokens, output_tokens, pricing))
+
+
+def observe_run(
+    run_seconds: int,
+    running_since: int | None,
+    *,
+    started: int | None,
+    finished_at: int | None,
+    active: bool,
+    now: int,
+) -> tuple[int, int | None]:
+    """Fold one look at a shard's Job into its billed run time: ``(run_seconds, running_since)``.
+
+    ``started`` is the Job's start (reset by Kubernetes on every resume), ``finished_at`` its end
+    when it just finished, ``active`` whether it is unsuspended and unfinished. A run that stops
+    without finishing (suspended by preemption, deleted by a cancel) is closed at ``now``. Pure
+    and idempotent for a given input: the caller stores the result on the shard status.
+    """
+    if finished_at is not None:
+        begin = running_since if running_since is not None else started
+        if begin is not None:
+            run_seconds += max(0, finished_at - begin)
+        return run_seconds, None
+    if active and started is not None:
+        if running_since is None:
+            return run_seconds, started
+        if started > running_since:
+            # a suspension and a resume both fell between two looks: close the earlier run
+            return run_seconds + (started - running_since), started
+        return run_seconds, running_since
+    if not active and running_since is not None:
+        return run_seconds + max(0, now - running_since), None
+    return run_seconds, running_since
+
+
+# --- the account ledger ------------------------------------------------------------------------
+
+
+class InsufficientCredit(Exception):
+    """The account cannot hold the reservation."""
+
+    def __init__(self, needed: Decimal, available: Decimal, currency: str) -> None:
+        super().__init__(
+            f"Insufficient credit: this batch needs an estimated {money(needed)} {currency}, "
+            f"{money(available)} {currency} is available. Add credit or submit a smaller batch."
+        )
+        self.needed = needed
+        self.available = available
+
+
+class TooManyReservations(Exception):
+    """The account holds credit for as many unfinished batches as it can."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"Too many unfinished batches: at most {MAX_RESERVATIONS} can hold credit at once. "
+            "Retry after some batches complete."
+        )
+
+
+def totals(limit: str, status: CreditAccountStatus) -> CreditAccountStatus:
+    """``status`` with ``reserved``, ``available`` and ``activeBatches`` recomputed."""
+    entries = status.reservations or []
+    reserved = sum((Decimal(e.amount) for e in entries), Decimal(0))
+    charged = Decimal(status.charged)
+    return status.model_copy(
+        update={
+            "reserved": money(reserved),
+            "charged": money(charged),
+            "available": money(Decimal(limit) - reserved - charged),
+            "active_batches": len(entries),
+            "reservations": entries or None,
+        }
+    )
+
+
+def available(limit: str, status: CreditAccountStatus) -> Decimal:
+    """Credit left for new reservations."""
+    return Decimal(totals(limit, status).available or "0")
+
+
+def find(status: CreditAccountStatus, batch: str) -> CreditReservation | None:
+    """The reservation of ``batch``, if it holds one."""
+    return next((e for e in status.reservations or [] if e.batch == batch), None)
+
+
+def reserve(
+    limit: str, currency: str, status: CreditAccountStatus, entry: CreditReservation
+) -> CreditAccountStatus | None:
+    """The account with ``entry`` added; None when the batch holds a reservation already.
+
+    Raises :class:`InsufficientCredit` when the amount is more than is available (a batch that
+    costs nothing always fits) and :class:`TooManyReservations` when the ledger is full.
+    """
+    if find(status, entry.batch) is not None:
+        return None
+    amount = Decimal(entry.amount)
+    left = available(limit, status)
+    if amount > 0 and amount > left:
+        raise InsufficientCredit(amount, left, currency)
+    if len(status.reservations or []) >= MAX_RESERVATIONS:
+        raise TooManyReservations()
+    entries = [*(status.reservations or []), entry]
+    return totals(limit, status.model_copy(update={"reservations": entries}))
+
+
+def settle(
+    limit: str, status: CreditAccountStatus, batch: str, charge: str
+) -> CreditAccountStatus | None:
+    """Release ``batch``'s reservation and charge ``charge``, in one step.
+
+    None when the batch holds no reservation: it was settled before (finalisation ran again) or
+    never reserved, and nothing is charged — so a batch is charged at most once.
+    """
+    if find(status, batch) is None:
+        return None
+    entries = [e for e in status.reservations or [] if e.batch != batch]
+    charged = Decimal(status.charged) + max(Decimal(0), Decimal(charge))
+    return totals(
+        limit, status.model_copy(update={"reservations": entries, "charged": money(charged)})
+    )
+
+
+def collect(
+    limit: str, status: CreditAccountStatus, keep: Callable[[CreditReservation], bool]
+) -> tuple[CreditAccountStatus, list[CreditReservation]]:
+    """Drop the reservations ``keep`` rejects (their batch is gone) without charging them."""
+    kept = [e for e in status.reservations or [] if keep(e)]
+    dropped = [e for e in status.reservations or [] if not keep(e)]
+    return totals(limit, status.model_copy(update={"reservations": kept})), dropped
