@@ -17,6 +17,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -36,8 +37,32 @@ from llmbatch.api.openai import (
     FileObject,
     ListPage,
 )
-from llmbatch.api.resources import API_VERSION, BatchSpec
+from llmbatch.api.resources import (
+    API_VERSION,
+    BatchPoolSpec,
+    BatchSpec,
+    CreditReservation,
+    PoolBilling,
+    Pricing,
+)
 from llmbatch.core import keys
+from llmbatch.core.admission import (
+    CATALOG_MAX_REQUESTS,
+    PRIVATE_MAX_REQUESTS,
+    Refusal,
+    check_batch_size,
+    check_pool_queue,
+    check_tenant_queue,
+    choose_pool,
+)
+from llmbatch.core.billing import (
+    BatchSize,
+    Estimate,
+    estimate_batch,
+    estimate_input_tokens,
+    estimate_output_tokens,
+    money,
+)
 from llmbatch.core.ids import batch_id_from_name, batch_object_name
 from llmbatch.core.validation import (
     InvalidLine,
@@ -47,12 +72,14 @@ from llmbatch.core.validation import (
 )
 from llmbatch.gateway import metrics
 from llmbatch.gateway.auth import KeyRing, KeyWatcher, Principal
+from llmbatch.gateway.credits import release_credit, reserve_credit
 from llmbatch.gateway.errors import APIError, install_handlers, not_found, unauthorized
 from llmbatch.gateway.kube import Conflict, GatewayKube, KubeAPI
 from llmbatch.gateway.mapping import (
     ANNOTATION_CANCEL_AT,
     ANNOTATION_CREATED_NS,
     ANNOTATION_ENDPOINT,
+    ANNOTATION_ESTIMATED_TOKENS,
     ANNOTATION_IDEMPOTENCY_INPUT,
     ANNOTATION_REQUESTS,
     LABEL_IDEMPOTENCY,
@@ -74,6 +101,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE_EXPEDITED_DISABLED = "llmbatch.io/expedited-disabled"
 NAMESPACE_MAX_QUEUED = "llmbatch.io/max-queued-requests"
+NAMESPACE_MAX_QUEUED_TOKENS = "llmbatch.io/max-queued-tokens"
 FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
 BATCH_ID = re.compile(r"^batch_[a-z0-9]([-a-z0-9.]{0,240}[a-z0-9])?$")
 MAX_INLINE_REQUESTS = 1000
@@ -171,6 +199,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "Key lacks the scope"),
         (404, "Unknown id"),
         (409, "Conflict"),
+        (402, "Not enough credit"),
         (413, "File too large"),
         (429, "Queue full"),
     )
@@ -223,7 +252,7 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
             )
         now_ns = time.time_ns()
         created = now_ns // 1_000_000_000
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": "BatchFile",
             "metadata": {
@@ -241,11 +270,15 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
                 "purpose": "batch",
                 "sha256": stored.info.sha256,
                 "lineCount": stored.result.request_count,
+                "outputTokenLimits": stored.result.declared_output_tokens,
+                "requestsWithoutOutputLimit": stored.result.requests_without_output_limit,
                 "storageKey": key,
                 "createdAt": created,
                 "expiresAt": created + 86400,
             },
         }
+        if stored.result.model:
+            body["spec"]["model"] = stored.result.model
         obj = await gw.kube.create(
             "batchfiles", who.namespace, {k: v for k, v in body.items() if v is not None}
         )
@@ -539,6 +572,157 @@ def _queued_requests(batch: dict[str, Any]) -> int:
     return int(total)
 
 
+def _queued_tokens(batch: dict[str, Any]) -> int:
+    """Estimated tokens of an unfinished batch (the operator's figure, else the gateway's)."""
+    status = batch.get("status") or {}
+    if status.get("status") in TERMINAL_STATUSES:
+        return 0
+    tokens = (status.get("billing") or {}).get("estimatedTokens")
+    if isinstance(tokens, int) and tokens > 0:
+        return tokens
+    annotations = (batch.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(ANNOTATION_ESTIMATED_TOKENS, "")
+    return int(raw) if raw.isdigit() else 0
+
+
+def _file_size(file_obj: dict[str, Any], requests: int) -> tuple[BatchSize, str | None]:
+    """What the upload's validation recorded on the BatchFile (older files: every request
+    assumed to have no output limit)."""
+    spec = file_obj.get("spec") or {}
+    declared = spec.get("outputTokenLimits")
+    without = spec.get("requestsWithoutOutputLimit")
+    size = BatchSize(
+        input_bytes=int(spec.get("bytes") or 0),
+        requests=requests,
+        output_token_limits=int(declared or 0),
+        requests_without_output_limit=int(requests if without is None else without),
+    )
+    return size, spec.get("model")
+
+
+def _inline_size(inline: list[dict[str, Any]], endpoint: str) -> tuple[BatchSize, str | None]:
+    """The same figures for inline requests, measured on the lines the operator will store."""
+    input_bytes = declared = without = 0
+    for item in inline:
+        body = item["body"]
+        input_bytes += 1 + len(
+            orjson.dumps(
+                {"custom_id": item["customID"], "method": "POST", "url": item["url"], "body": body}
+            )
+        )
+        if endpoint == "/v1/embeddings":
+            continue
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            declared += limit
+        else:
+            without += 1
+    model = inline[0]["body"].get("model") if inline else None
+    size = BatchSize(input_bytes, len(inline), declared, without)
+    return size, model if isinstance(model, str) else None
+
+
+def _int_annotation(annotations: dict[str, str], key: str) -> int | None:
+    raw = annotations.get(key, "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+@dataclass
+class Admitted:
+    """What admission settled: the estimate and whether this request reserved credit for it."""
+
+    estimate: Estimate
+    reserved: bool = False
+
+
+def _refused(refusal: Refusal) -> APIError:
+    metrics.BATCHES_REFUSED.labels(refusal.code).inc()
+    if refusal.kind == "too_large":
+        return APIError(400, refusal.message, param=refusal.param, code=refusal.code)
+    return APIError(
+        429,
+        refusal.message,
+        type="rate_limit_error",
+        code=refusal.code,
+        headers={"Retry-After": "60"},
+    )
+
+
+async def _admit(
+    gw: Gateway,
+    namespace: str,
+    annotations: dict[str, str],
+    name: str,
+    tier: str,
+    size: BatchSize,
+    model: str | None,
+    param: str,
+) -> Admitted:
+    """Per-batch caps (400), tenant and pool queue limits (429), then the credit (402).
+
+    The pool is the one the operator will choose for the model; without one (the model is not
+    served: validation will fail the batch) only the tenant's limits apply.
+    """
+    pool_obj = choose_pool(await gw.kube.list_pools(), model)
+    pool: BatchPoolSpec | None = None
+    pool_name = ""
+    if pool_obj is not None:
+        pool_name = str(pool_obj["metadata"]["name"])
+        pool = BatchPoolSpec.model_validate(pool_obj.get("spec") or {})
+    pricing = Pricing()
+    if pool is not None and pool_obj is not None:
+        pricing = getattr(pool.tiers, tier).pricing
+        throughput = (pool_obj.get("status") or {}).get("throughputPerSlot")
+        estimate = estimate_batch(pool, pricing, size, throughput)
+        refusal = check_batch_size(pool_name, pool, size.requests, size.input_bytes, param)
+        if refusal is not None:
+            raise _refused(refusal)
+    else:
+        estimate = Estimate(
+            estimate_input_tokens(size.input_bytes),
+            estimate_output_tokens(size, PoolBilling().default_output_tokens),
+            Decimal(0),
+        )
+
+    queued_limit = _int_annotation(annotations, NAMESPACE_MAX_QUEUED)
+    tokens_limit = _int_annotation(annotations, NAMESPACE_MAX_QUEUED_TOKENS)
+    if queued_limit is not None or tokens_limit is not None:
+        batches = await gw.kube.list_objects("batches", namespace)
+        refusal = check_tenant_queue(
+            queued_requests=sum(_queued_requests(b) for b in batches),
+            queued_tokens=sum(_queued_tokens(b) for b in batches),
+            requests=size.requests,
+            tokens=estimate.tokens,
+            max_queued_requests=queued_limit,
+            max_queued_tokens=tokens_limit,
+        )
+        if refusal is not None:
+            raise _refused(refusal)
+    if pool is None or pool_obj is None:
+        return Admitted(estimate)
+    refusal = check_pool_queue(pool_name, pool, pool_obj.get("status") or {}, size.requests)
+    if refusal is not None:
+        raise _refused(refusal)
+
+    gpu_mode = pool.billing.mode == "GPUTime"
+    entry = CreditReservation(
+        batch=name,
+        amount=money(estimate.amount),
+        estimated_tokens=estimate.tokens,
+        pool=pool_name,
+        mode=pool.billing.mode,
+        pricing=None if gpu_mode else pricing,
+        gpu_hour_price=pool.billing.gpu_hour_price if gpu_mode else None,
+        created_at=int(time.time()),
+    )
+    try:
+        reserved = await reserve_credit(gw.kube, namespace, entry)
+    except APIError as exc:
+        metrics.BATCHES_REFUSED.labels(exc.code or str(exc.status)).inc()
+        raise
+    return Admitted(estimate, reserved)
+
+
 @router.post("/batches", response_model=Batch)
 async def create_batch(
     body: CreateBatchRequest,
@@ -607,6 +791,7 @@ async def create_batch(
     else:
         name, label = "batch-" + secrets.token_hex(12), ""
 
+    file_obj: dict[str, Any] | None = None
     if body.input_file_id is not None:
         file_obj = await _input_file(gw, who.namespace, body.input_file_id, endpoint)
         request_count = int((file_obj.get("spec") or {}).get("lineCount") or 0)
@@ -629,22 +814,6 @@ async def create_batch(
             param="priority",
             code="expedited_not_allowed",
         )
-    limit_raw = annotations.get(NAMESPACE_MAX_QUEUED, "").strip()
-    if limit_raw.isdigit():
-        limit = int(limit_raw)
-        batches = await gw.kube.list_objects("batches", who.namespace)
-        queued = sum(_queued_requests(b) for b in batches)
-        if queued + request_count > limit:
-            raise APIError(
-                429,
-                f"Enqueued request limit reached: {queued} requests are queued and this batch "
-                f"adds {request_count}; the limit for your organization is {limit}. Retry after "
-                "some batches complete.",
-                type="rate_limit_error",
-                code="queue_full",
-                headers={"Retry-After": "60"},
-            )
-
     now_ns = time.time_ns()
     spec_fields: dict[str, Any] = {
         "endpoint": endpoint,
@@ -668,6 +837,21 @@ async def create_batch(
         raise APIError(
             400, f"Invalid request: {first.get('msg')}.", param=None, code="invalid_value"
         ) from exc
+    if file_obj is not None:
+        size, model = _file_size(file_obj, request_count)
+    else:
+        size, model = _inline_size(inline or [], endpoint)
+    admitted = await _admit(
+        gw,
+        who.namespace,
+        annotations,
+        name,
+        "flex" if flex else priority,
+        size,
+        model,
+        "input_file_id" if file_obj is not None else "requests",
+    )
+
     meta: dict[str, Any] = {
         "name": name,
         "namespace": who.namespace,
@@ -675,6 +859,7 @@ async def create_batch(
             ANNOTATION_CREATED_NS: str(now_ns),
             ANNOTATION_REQUESTS: str(request_count),
             ANNOTATION_IDEMPOTENCY_INPUT: fingerprint,
+            ANNOTATION_ESTIMATED_TOKENS: str(admitted.estimate.tokens),
         },
     }
     if label:
@@ -683,14 +868,23 @@ async def create_batch(
     try:
         created = await gw.kube.create("batches", who.namespace, manifest)
     except Conflict as exc:  # a concurrent create with the same Idempotency-Key won
+        if admitted.reserved:
+            await release_credit(gw.kube, who.namespace, name)
         existing = await gw.kube.get("batches", who.namespace, name)
         if existing is None or not label:
             raise APIError(
                 409, "The batch is being created concurrently; retry.", code="conflict"
             ) from exc
         return _replay(existing, fingerprint)
+    except BaseException:
+        if admitted.reserved:
+            with contextlib.suppress(Exception):
+                await release_credit(gw.kube, who.namespace, name)
+        raise
     gw.reads.put("batches", who.namespace, name, created)
     metrics.BATCHES_CREATED.inc()
+    if admitted.reserved:
+        metrics.CREDITS_RESERVED.inc(float(admitted.estimate.amount))
     return _json(batch_to_openai(created))
 
 
@@ -793,6 +987,14 @@ async def cancel_batch(batch_id: str, who: Writer, gw: GW) -> Response:
 # --- models ------------------------------------------------------------------------------------
 
 
+def _catalog_max_requests(spec: dict[str, Any]) -> int:
+    limit = (spec.get("limits") or {}).get("maxRequests")
+    if isinstance(limit, int):
+        return limit
+    private = (spec.get("billing") or {}).get("mode") == "GPUTime"
+    return PRIVATE_MAX_REQUESTS if private else CATALOG_MAX_REQUESTS
+
+
 def model_catalog(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``GET /v1/models`` data: one entry per served model; ``batch`` names the pools."""
     entries: dict[str, dict[str, Any]] = {}
@@ -835,8 +1037,8 @@ def model_catalog(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "tiers": tiers,
                         "expedited": "expedited" in tiers,
                         "limits": {
-                            "max_requests": limits.get("maxRequests", 50000),
-                            "max_bytes": limits.get("maxBytes", 200000000),
+                            "max_requests": _catalog_max_requests(spec),
+                            "max_bytes": limits.get("maxBytes", 268435456),
                         },
                     },
                 }

@@ -58,6 +58,10 @@ class KubeAPI(Protocol):
 
     async def delete(self, plural: str, namespace: str, name: str) -> bool: ...
 
+    async def replace_status(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None: ...
+
     async def list_pools(self) -> list[dict[str, Any]]: ...
 
     async def namespace_annotations(self, namespace: str) -> dict[str, str] | None: ...
@@ -235,6 +239,34 @@ class GatewayKube:
                 return False
             raise upstream(exc, f"delete {plural}/{name}") from exc
         return True
+
+    async def replace_status(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """PUT the status subresource; ``body.metadata.resourceVersion`` is the precondition.
+
+        :class:`Conflict` when the object changed since it was read (re-read and retry), None
+        when it is gone.
+        """
+        try:
+            obj: dict[str, Any] = await self._call(
+                self.custom.replace_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                body,
+                retry_5xx=False,
+                _request_timeout=TIMEOUT,
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(name) from exc
+            if exc.status == 404:
+                return None
+            raise upstream(exc, f"replace {plural}/{name}/status") from exc
+        return obj
 
     async def list_pools(self) -> list[dict[str, Any]]:
         try:

@@ -29,6 +29,7 @@ ANNOTATION_CANCEL_AT = "llmbatch.io/cancel-requested-at"
 ANNOTATION_REQUESTS = "llmbatch.io/requests"
 ANNOTATION_ENDPOINT = "llmbatch.io/endpoint"
 ANNOTATION_IDEMPOTENCY_INPUT = "llmbatch.io/idempotency-input"
+ANNOTATION_ESTIMATED_TOKENS = "llmbatch.io/estimated-tokens"
 LABEL_IDEMPOTENCY = "llmbatch.io/idempotency-key"
 
 INPUT_FILE_TTL = 86400

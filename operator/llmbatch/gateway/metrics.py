@@ -39,6 +39,17 @@ BATCHES_CREATED = Counter(
     "Batches created through the API (idempotent replays not counted).",
     registry=REGISTRY,
 )
+BATCHES_REFUSED = Counter(
+    "llmbatch_gateway_batches_refused_total",
+    "Batch creations refused by admission: size caps, queue quotas, credit (by error code).",
+    ["code"],
+    registry=REGISTRY,
+)
+CREDITS_RESERVED = Counter(
+    "llmbatch_gateway_credits_reserved_total",
+    "Credit reserved for new batches, in currency units (tenants are not a label: unbounded).",
+    registry=REGISTRY,
+)
 AUTH_FAILURES = Counter(
     "llmbatch_gateway_auth_failures_total",
     "Requests refused for a missing, unknown or insufficient key.",
