@@ -364,3 +364,38 @@ def test_kubectl_batch_without_enough_credit_fails_clearly(
     credit = account(cluster, namespace).get("status") or {}
     assert Decimal(credit.get("charged", "0")) == 0
     assert not credit.get("reservations")
+
+
+def test_private_pool_charges_gpu_time_not_tokens(
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    tenants: Callable[..., Tenant],
+    tmp_path: pathlib.Path,
+) -> None:
+    pool, model = make_pool(
+        cluster, tmp_path, engine_args=["--latency-seconds=1", "--max-num-seqs=1"]
+    )
+    cluster.kubectl(
+        "patch",
+        "batchpool",
+        pool,
+        "--type=merge",
+        "-p",
+        '{"spec":{"gpusPerSlot":2,"billing":{"mode":"GPUTime","gpuHourPrice":"36"}}}',
+    )
+    namespace, client = tenants(credit="100")
+    batch = create(client, jsonl(model, 4))
+    entry = account(cluster, namespace)["status"]["reservations"][0]
+    assert entry["mode"] == "GPUTime"
+    assert entry["gpuHourPrice"] == "36"
+    name = batch_object_name(batch.id)
+    final = wait_status(cluster, operator_process, namespace, name, {"completed"})["status"]
+    gpu_seconds = final["billing"]["gpuSeconds"]
+    run_seconds = sum(s["runSeconds"] for s in final["shards"])
+    assert gpu_seconds == 2 * run_seconds
+    assert run_seconds >= 4  # four requests of one second each, one at a time
+    assert Decimal(final["cost"]) == Decimal(gpu_seconds) * 36 / 3600
+    assert final["pricing"]["inputPerMillion"] == "0"  # no separate token charge
+    status = account(cluster, namespace)["status"]
+    assert Decimal(status["charged"]) == Decimal(final["cost"])
+    assert status["activeBatches"] == 0
