@@ -81,13 +81,13 @@ def test_default_install_has_every_part() -> None:
 
 def test_crds_follow_enabled_and_keep() -> None:
     kept = [o for o in render() if o["kind"] == "CustomResourceDefinition"]
-    assert kept and all(
-        o["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for o in kept
-    )
+    assert kept
+    assert all(o["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for o in kept)
     dropped = [
         o for o in render(sets=("crds.keep=false",)) if o["kind"] == "CustomResourceDefinition"
     ]
-    assert dropped and all("annotations" not in o["metadata"] for o in dropped)
+    assert dropped
+    assert all("annotations" not in o["metadata"] for o in dropped)
     assert not [
         o for o in render(sets=("crds.enabled=false",)) if o["kind"] == "CustomResourceDefinition"
     ]
@@ -160,7 +160,8 @@ def test_rbac_is_least_privilege(values: pathlib.Path) -> None:
         for rule in obj["rules"]:
             where = f"{obj['kind']}/{obj['metadata']['name']}"
             assert not FORBIDDEN_VERBS & set(rule["verbs"]), where
-            assert "*" not in rule["resources"] and "*" not in rule["apiGroups"], where
+            assert "*" not in rule["resources"], where
+            assert "*" not in rule["apiGroups"], where
             assert "resourceNames" not in rule or rule["resourceNames"], where
             if obj["kind"] == "ClusterRole":
                 assert "secrets" not in rule["resources"], f"{where}: cluster-wide Secret access"

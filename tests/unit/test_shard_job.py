@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.resources import BatchPoolSpec, ModelCache
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.jobs import EXIT_BAD_CONFIG, EXIT_PREEMPTED, build_shard_job
 
@@ -100,3 +100,32 @@ def test_labels_annotations_and_priority_class() -> None:
     pod = manifest["spec"]["template"]
     assert pod["metadata"]["labels"] == manifest["metadata"]["labels"]
     assert pod["spec"]["priorityClassName"] == "llmbatch-expedited"
+
+
+def test_model_cache_and_shared_memory_volumes() -> None:
+    pool = POOL.model_copy(
+        update={
+            "executor": POOL.executor.model_copy(
+                update={
+                    "model_cache": ModelCache(claim_name="weights", mount_path="/models"),
+                    "shm_size": "8Gi",
+                }
+            )
+        }
+    )
+    pod = job(pool=pool)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {
+        "claimName": "weights",
+        "readOnly": True,
+    }
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["model-cache"] == {
+        "name": "model-cache",
+        "mountPath": "/models",
+        "readOnly": True,
+    }
+    assert mounts["dshm"]["mountPath"] == "/dev/shm"
+    plain = job()["spec"]["template"]["spec"]
+    assert [v["name"] for v in plain["volumes"]] == ["tmp"]

@@ -91,6 +91,25 @@ def build_shard_job(
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
+    if executor.model_cache:
+        cache = executor.model_cache
+        pod_spec["volumes"].append(
+            {
+                "name": "model-cache",
+                "persistentVolumeClaim": {
+                    "claimName": cache.claim_name,
+                    "readOnly": cache.read_only,
+                },
+            }
+        )
+        container["volumeMounts"].append(
+            {"name": "model-cache", "mountPath": cache.mount_path, "readOnly": cache.read_only}
+        )
+    if executor.shm_size:
+        pod_spec["volumes"].append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": executor.shm_size}}
+        )
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     if executor.service_account_name:
         pod_spec["serviceAccountName"] = executor.service_account_name
     if pool.node_selector:

@@ -135,6 +135,7 @@ class _Container:
     proc: asyncio.subprocess.Process | None = None
     ever_started: bool = False
     done: bool = False  # exited and will not restart
+    probe_ready: bool = True  # the readiness probe's last verdict (True without a probe)
 
     @property
     def name(self) -> str:
@@ -163,7 +164,7 @@ class _Container:
             "containerID": f"process://{self.proc.pid}" if self.proc else None,
             "state": full(self.state),
             "lastState": full(self.last_state) if self.last_state else {},
-            "ready": ready and self.running,
+            "ready": ready and self.running and self.probe_ready,
             "started": self.running,
             "restartCount": self.restart_count,
         }
@@ -433,7 +434,15 @@ class PodRunner:
             self.pod, "Normal", "Started", f"Started container {c.name} (pid {c.proc.pid})"
         )
         self._mark_dirty()
-        returncode = await c.proc.wait()
+        probe = c.spec.get("readinessProbe")
+        prober = asyncio.create_task(self._readiness(c, probe)) if probe else None
+        try:
+            returncode = await c.proc.wait()
+        finally:
+            if prober is not None:
+                prober.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await prober
         # Like a container's PID namespace: when the main process ends, the rest of its group goes.
         signal_group(c.proc.pid, signal.SIGKILL)
         code = _exit_code(returncode)
@@ -452,6 +461,64 @@ class PodRunner:
         c.state = {"terminated": terminated}
         self._mark_dirty()
         return code
+
+    async def _readiness(self, c: _Container, probe: JSON) -> None:
+        """Run an httpGet or tcpSocket readiness probe against 127.0.0.1, like a kubelet."""
+        c.probe_ready = False
+        self._mark_dirty()
+        period = float(probe.get("periodSeconds") or 10)
+        timeout = float(probe.get("timeoutSeconds") or 1)
+        need = {
+            True: int(probe.get("successThreshold") or 1),
+            False: int(probe.get("failureThreshold") or 3),
+        }
+        streak: tuple[bool, int] = (False, 0)
+        await asyncio.sleep(float(probe.get("initialDelaySeconds") or 0))
+        while True:
+            ok = await self._probe_once(c, probe, timeout)
+            streak = (ok, streak[1] + 1 if streak[0] == ok else 1)
+            if streak[1] >= need[ok] and c.probe_ready != ok:
+                c.probe_ready = ok
+                self._mark_dirty()
+            # A kubelet probes a not-yet-ready container at the same period; poll faster so
+            # tests and `helm install --wait` do not idle (the verdict rules are unchanged).
+            await asyncio.sleep(period if c.probe_ready else min(period, 1.0))
+
+    def _probe_port(self, c: _Container, port: int | str) -> int:
+        if isinstance(port, int) or str(port).isdigit():
+            return int(port)
+        for declared in c.spec.get("ports") or []:
+            if declared.get("name") == port:
+                return int(declared["containerPort"])
+        raise ContainerConfigError(f"probe port {port!r} is not a named port of {c.name}")
+
+    async def _probe_once(self, c: _Container, probe: JSON, timeout: float) -> bool:
+        try:
+            if "httpGet" in probe:
+                action = probe["httpGet"]
+                port = self._probe_port(c, action["port"])
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", port), timeout
+                )
+                try:
+                    path = action.get("path") or "/"
+                    writer.write(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+                    await writer.drain()
+                    line = await asyncio.wait_for(reader.readline(), timeout)
+                finally:
+                    writer.close()
+                parts = line.split()
+                return len(parts) >= 2 and 200 <= int(parts[1]) < 400
+            if "tcpSocket" in probe:
+                port = self._probe_port(c, probe["tcpSocket"]["port"])
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", port), timeout
+                )
+                writer.close()
+                return True
+        except (OSError, TimeoutError, ValueError, ContainerConfigError):
+            return False
+        return True  # exec/grpc probes are not run here: treated as passing
 
     def _termination_message(self, c: _Container, code: int, log_path: Path) -> str:
         try:
@@ -717,7 +784,7 @@ class PodRunner:
             and not self.stopping
             and self.initialized
             and bool(self.containers)
-            and all(c.running for c in self.containers)
+            and all(c.running and c.probe_ready for c in self.containers)
         )
         not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
         status: JSON = {
