@@ -335,6 +335,47 @@ def test_invalid_input_fails_without_jobs(
     assert batch_jobs(cluster, batch["metadata"]["uid"]) == []
 
 
+def test_batch_file_pointing_at_another_tenants_bytes_is_refused(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = make_pool(cluster, tmp_path)
+    victim = f"file-{uuid.uuid4().hex}"
+    secret = json.dumps(
+        {
+            "custom_id": "secret",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": []},
+        }
+    )
+    store_of(operator_process).put(file_key("other-tenant", victim), f"{secret}\n".encode())
+    file_id = f"file-{uuid.uuid4().hex}"
+    apply(
+        cluster,
+        tmp_path,
+        {
+            "apiVersion": "llmbatch.io/v1alpha1",
+            "kind": "BatchFile",
+            "metadata": {"name": file_id, "namespace": namespace},
+            "spec": {
+                "id": file_id,
+                "bytes": len(secret) + 1,
+                "filename": "stolen.jsonl",
+                "purpose": "batch",
+                "storageKey": file_key("other-tenant", victim),
+                "createdAt": int(time.time()),
+            },
+        },
+    )
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, input_file_id=file_id)
+    status = wait_status(cluster, operator_process, namespace, name, {"failed", "in_progress"})[
+        "status"
+    ]
+    assert status["status"] == "failed"
+    assert [e["code"] for e in status["errors"]] == ["invalid_file"]
+    assert "outside its own file" in status["errors"][0]["message"]
+
+
 def test_model_not_served_fails_clearly(
     cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
 ) -> None:

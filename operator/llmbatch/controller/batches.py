@@ -484,7 +484,17 @@ class BatchReconciler:
                     )
                 ]
             )
-        storage_key: str = file_spec["storageKey"]
+        storage_key = keys.owned_file_key(namespace, file_id, file_spec.get("storageKey"))
+        if storage_key is None:
+            raise Rejected(
+                [
+                    _error(
+                        "invalid_file",
+                        f"File {file_id} names storage outside its own file; refusing to read it.",
+                        "input_file_id",
+                    )
+                ]
+            )
         if await asyncio.to_thread(self.store.head, storage_key) is None:
             raise Rejected(
                 [_error("invalid_file", f"The bytes of {file_id} are gone.", "input_file_id")]

@@ -22,6 +22,16 @@ def file_key(namespace: str, file_id: str) -> str:
     return f"files/{namespace}/{file_id}"
 
 
+def owned_file_key(namespace: str, file_id: str, declared: str | None) -> str | None:
+    """The key of a BatchFile's bytes, or None when its ``storageKey`` names another key.
+
+    Keys are derived from the namespace and id, never trusted from the object: anyone who may
+    create a BatchFile in one namespace must not reach bytes of another namespace through it.
+    """
+    key = file_key(namespace, file_id)
+    return key if declared in (None, "", key) else None
+
+
 def work_prefix(namespace: str, batch_uid: str) -> str:
     """The work area of one batch (inline input, shard specs, chunks); removed with the batch."""
     return f"work/{namespace}/{batch_uid}"

@@ -345,8 +345,9 @@ async def retrieve_file(file_id: str, who: Reader, gw: GW) -> Response:
 async def file_content(file_id: str, who: Reader, gw: GW) -> StreamingResponse:
     """The file's bytes, streamed from the store."""
     obj = await _get_file(gw, who.namespace, file_id)
-    spec = obj.get("spec") or {}
-    key = str(spec.get("storageKey") or keys.file_key(who.namespace, file_id))
+    key = keys.owned_file_key(who.namespace, file_id, (obj.get("spec") or {}).get("storageKey"))
+    if key is None:
+        raise not_found("File object", file_id, "file_id")
     try:
         chunks = await asyncio.to_thread(gw.store.iter_range, key)
     except ObjectNotFound as exc:
@@ -370,9 +371,10 @@ async def file_content(file_id: str, who: Reader, gw: GW) -> StreamingResponse:
 async def delete_file(file_id: str, who: Writer, gw: GW) -> Response:
     """Delete the bytes and the BatchFile (allowed for inputs in use, as OpenAI does)."""
     obj = await _get_file(gw, who.namespace, file_id)
-    key = str((obj.get("spec") or {}).get("storageKey") or keys.file_key(who.namespace, file_id))
+    key = keys.owned_file_key(who.namespace, file_id, (obj.get("spec") or {}).get("storageKey"))
     try:
-        await asyncio.to_thread(gw.store.delete, key)
+        if key is not None:  # a foreign storageKey: drop the object, never those bytes
+            await asyncio.to_thread(gw.store.delete, key)
     except (StoreError, ValueError) as exc:
         raise _store_unavailable() from exc
     deleted = await gw.kube.delete("batchfiles", who.namespace, file_id)
