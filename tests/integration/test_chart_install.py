@@ -322,6 +322,11 @@ def test_upgrade_with_a_batch_in_flight_loses_nothing(install: Install) -> None:
     install.kubectl("patch", "batchpool", POOL, "--type=merge", "-p", json.dumps(slower))
     name = install.submit(60)
     install.wait_status(name, "in_progress")
+    jobs = install.wait(
+        "shard Jobs", lambda: install.json("get", "jobs", "-n", WORKERS)["items"], timeout=60
+    )
+    classes = {j["spec"]["template"]["spec"].get("priorityClassName") for j in jobs}
+    assert classes == {"llmbatch-standard"}
     before = install.json(
         "get", "pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator"
     )

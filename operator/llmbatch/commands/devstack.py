@@ -31,6 +31,7 @@ DEMO_POOL = "smollm2-cpu"
 GATEWAY_PORT = 8000
 OPERATOR_METRICS_PORT = 9464
 OPERATOR_HEALTH_PORT = 9465
+PRIORITY_CLASS_PREFIX = "llmbatch"
 DEMO_ENV_FILE = "demo.env"
 CPU_ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -81,7 +82,11 @@ def components() -> dict[str, ComponentSpec]:
                 "--liveness-port",
                 str(OPERATOR_HEALTH_PORT),
             ],
-            env={"LLMBATCH_STORE_URI": store, "LLMBATCH_METRICS_PORT": str(OPERATOR_METRICS_PORT)},
+            env={
+                "LLMBATCH_STORE_URI": store,
+                "LLMBATCH_METRICS_PORT": str(OPERATOR_METRICS_PORT),
+                "LLMBATCH_PRIORITY_CLASS_PREFIX": PRIORITY_CLASS_PREFIX,
+            },
             ready_url=f"http://127.0.0.1:{OPERATOR_HEALTH_PORT}/healthz",
             ready_timeout=90,
         ),
@@ -144,6 +149,22 @@ def demo_pool(model_folder: str, cache_dir: str) -> dict[str, Any]:
     }
 
 
+def priority_classes() -> list[dict[str, Any]]:
+    """One PriorityClass per tier, as the Helm chart creates them (values.yaml priorityClasses)."""
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": f"{PRIORITY_CLASS_PREFIX}-{tier}"},
+            "value": value,
+            "globalDefault": False,
+            "preemptionPolicy": "Never",
+            "description": f"Shard pods of {tier} batches (llm-batch-operator).",
+        }
+        for tier, value in (("expedited", 1000), ("standard", 500), ("flex", 100))
+    ]
+
+
 def _kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> str:
     result = subprocess.run(
         [str(kubectl_binary()), f"--kubeconfig={kubeconfig}", *args],
@@ -189,7 +210,9 @@ def setup(state_dir: Path, kubeconfig: str) -> Path:
     }
     model = MODELS["smollm2"]
     folder = str(model.folder()) if model.is_prepared() else "smollm2-not-prepared"
-    _apply(kubeconfig, *namespaces, peering, demo_pool(folder, str(cache_dir())))
+    _apply(
+        kubeconfig, *namespaces, *priority_classes(), peering, demo_pool(folder, str(cache_dir()))
+    )
     # A fresh key each time the stack starts (the previous cluster's Secrets are gone).
     key = new_api_key()
     secret = key_secret(
