@@ -393,7 +393,7 @@ def test_private_pool_charges_gpu_time_not_tokens(
     gpu_seconds = final["billing"]["gpuSeconds"]
     run_seconds = sum(s["runSeconds"] for s in final["shards"])
     assert gpu_seconds == 2 * run_seconds
-    assert run_seconds >= 4  # four requests of one second each, one at a time
+    assert run_seconds >= 2  # four requests of one second each, at most two in flight
     assert Decimal(final["cost"]) == Decimal(gpu_seconds) * 36 / 3600
     assert final["pricing"]["inputPerMillion"] == "0"  # no separate token charge
     status = account(cluster, namespace)["status"]
