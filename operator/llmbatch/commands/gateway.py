@@ -35,7 +35,7 @@ import click
     type=click.IntRange(min=1),
     envvar="LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES",
     default=None,
-    help="Largest accepted upload (default 200000000); env LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES.",
+    help="Largest accepted upload (default 256 MiB); env LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES.",
 )
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--log-level", default="info", show_default=True)

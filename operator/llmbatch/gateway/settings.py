@@ -6,7 +6,7 @@ import os
 import pathlib
 from dataclasses import dataclass
 
-DEFAULT_MAX_UPLOAD_BYTES = 200_000_000
+DEFAULT_MAX_UPLOAD_BYTES = 256 * 1024 * 1024  # seed 000: inputs are limited to 256 MiB
 _SA_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
