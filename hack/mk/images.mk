@@ -18,7 +18,7 @@ DOCKER_BUILD_ARGS ?=
 # gateway.repository, the example pool) and the BatchPool default executor image expect.
 IMAGE_REPO_operator ?= llm-batch-operator
 IMAGE_REPO_gateway ?= llm-batch-gateway
-IMAGE_REPO_executor ?= executor
+IMAGE_REPO_executor ?= llm-batch-executor
 IMAGE_REPO_executor-cpu ?= llm-batch-executor-cpu
 IMAGE_NAMES := operator gateway executor executor-cpu
 IMAGE_RELEASE := operator gateway executor

@@ -406,7 +406,7 @@ class ExecutorSpec(CRModel):
     """How shard pods run."""
 
     image: Annotated[str, StringConstraints(max_length=512)] = (
-        "ghcr.io/llm-batch-operator/executor:0.1.0"
+        "ghcr.io/llm-batch-operator/llm-batch-executor:0.1.0"
     )
     """Executor container image."""
     engine: Literal["vllm", "simulated"] = "vllm"
