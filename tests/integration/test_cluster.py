@@ -515,3 +515,92 @@ def test_quantities_and_python_resolution() -> None:
     assert resolve_command(["python3", "-V"], None) == [sys.executable, "-V"]
     assert resolve_command(["python3.11", "-V"], None)[0] == sys.executable
     assert resolve_command(["sh", "-c", "true"], "/usr/bin:/bin")[0].endswith("/sh")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def test_readiness_probe_gates_ready(kube: Kube) -> None:
+    port = _free_port()
+    # Serves only after 3 s: Ready must wait for the probe, not for the process to start.
+    server = (
+        "import time, http.server as h; time.sleep(3); "
+        f"h.test(h.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')"
+    )
+    probe = {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}
+    for name, probe_port in (("served", port), ("unserved", _free_port())):
+        kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "none",
+                            "command": (
+                                ["python", "-c", server] if name == "served" else ["sleep", "300"]
+                            ),
+                            "ports": [{"name": "http", "containerPort": probe_port}],
+                            "readinessProbe": probe,
+                        }
+                    ],
+                },
+            }
+        )
+    kube.wait_pod_phase("served", "Running")
+    assert not _ready(kube.get("pod", "served"))
+    kube.wait_for(lambda: _ready(kube.get("pod", "served")), timeout=30, what="served Ready")
+    unserved = kube.wait_pod_phase("unserved", "Running")
+    time.sleep(3)
+    unserved = kube.get("pod", "unserved")
+    assert not _ready(unserved)
+    assert unserved["status"]["containerStatuses"][0]["ready"] is False
+
+
+def test_pod_gets_its_service_account_token(kube: Kube) -> None:
+    ns = kube.namespace
+    kube.kubectl("create", "serviceaccount", "reader")
+    kube.kubectl("create", "role", "pod-reader", "--verb=list", "--resource=pods")
+    kube.kubectl(
+        "create", "rolebinding", "reader", "--role=pod-reader", f"--serviceaccount={ns}:reader"
+    )
+    script = """
+        import json, os, subprocess, sys
+        def kubectl(*args):
+            return subprocess.run([sys.argv[1], *args], capture_output=True, text=True)
+        who = kubectl("auth", "whoami", "-o", "json")
+        pods = kubectl("get", "pods", "-o", "name")
+        secrets = kubectl("get", "secrets")
+        print(json.dumps({
+            "user": json.loads(who.stdout)["status"]["userInfo"]["username"],
+            "pods": pods.returncode,
+            "secrets": secrets.returncode,
+            "forbidden": "Forbidden" in secrets.stderr,
+            "kubeconfig": os.environ.get("KUBECONFIG", ""),
+        }))
+    """
+    manifest = job("whoami", script, backoffLimit=0)
+    pod_spec = manifest["spec"]["template"]["spec"]
+    pod_spec["serviceAccountName"] = "reader"
+    pod_spec["containers"][0]["args"] = [str(REPO / ".cache" / "bin" / "kubectl")]
+    kube.apply(manifest)
+    kube.wait_job("whoami", "Complete", timeout=60)
+    pod = kube.pods("job-name=whoami")[0]["metadata"]["name"]
+    out = json.loads(kube.pod_logs(pod).strip().splitlines()[-1])
+    assert out["user"] == f"system:serviceaccount:{ns}:reader"
+    assert out["pods"] == 0
+    assert out["secrets"] != 0
+    assert out["forbidden"] is True
+    assert out["kubeconfig"].endswith("/kubeconfig")
+    assert "/volumes/kube-api-access-" in out["kubeconfig"]

@@ -22,7 +22,7 @@ from llmbatch.core.billing import estimate_input_tokens
 from llmbatch.core.ids import batch_object_name
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.fixtures.gateway import GatewayProcess, wait_for_key
-from tests.fixtures.operator import WORKER_NAMESPACE, ClusterCLI, OperatorProcess
+from tests.fixtures.operator import ClusterCLI, OperatorProcess, simulated_pool
 from tests.integration.test_operator import (
     _POOLS,
     _delete_pools,  # noqa: F401  (autouse: each test's pools are deleted)
@@ -123,37 +123,22 @@ def make_pool(
     name = f"pool-{uuid.uuid4().hex[:8]}"
     model = f"credit-model-{uuid.uuid4().hex[:6]}"
     _POOLS.append(name)
-    apply(
-        cluster,
-        tmp_path,
-        {
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "BatchPool",
-            "metadata": {"name": name},
-            "spec": {
-                "models": [{"name": model, "source": "simulated"}],
-                "workerNamespace": WORKER_NAMESPACE,
-                "gpusPerSlot": 1,
-                "maxSlots": 1,
-                "shardRequests": shard_requests,
-                "throughputPerSlot": "10",
-                "limits": limits or {},
-                "tiers": {
-                    "standard": {
-                        "drainTargetSeconds": 3600,
-                        "pricing": {"inputPerMillion": "1000", "outputPerMillion": "2000"},
-                    }
-                },
-                "executor": {
-                    "engine": "simulated",
-                    "engineArgs": engine_args,
-                    "terminationGraceSeconds": 10,
-                    "flushLines": 1,
-                    "flushSeconds": 1,
-                },
-            },
+    pool = simulated_pool(
+        name,
+        model,
+        maxSlots=1,
+        shardRequests=shard_requests,
+        throughputPerSlot="10",
+        limits=limits or {},
+        tiers={
+            "standard": {
+                "drainTargetSeconds": 3600,
+                "pricing": {"inputPerMillion": "1000", "outputPerMillion": "2000"},
+            }
         },
+        executor={"engineArgs": engine_args, "flushLines": 1},
     )
+    apply(cluster, tmp_path, pool)
     return name, model
 
 

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletion
 from llmbatch.core.ids import batch_request_id
 from llmbatch.core.keys import file_key
 from llmbatch.storage import FilesystemStore
-from tests.fixtures.operator import WORKER_NAMESPACE, OperatorProcess
+from tests.fixtures.operator import WORKER_NAMESPACE, OperatorProcess, simulated_pool
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "sim-model"
@@ -65,32 +65,19 @@ def make_pool(
 ) -> str:
     name = f"pool-{uuid.uuid4().hex[:8]}"
     _POOLS.append(name)
-    apply(
-        cluster,
-        tmp_path,
-        {
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "BatchPool",
-            "metadata": {"name": name},
-            "spec": {
-                "models": [{"name": MODEL, "source": "simulated"}],
-                "workerNamespace": WORKER_NAMESPACE,
-                "gpusPerSlot": 1,
-                "maxSlots": max_slots,
-                "shardRequests": shard_requests,
-                "throughputPerSlot": throughput,
-                "limits": limits or {},
-                "executor": {
-                    "engine": "simulated",
-                    "engineArgs": engine_args or ["--latency-seconds=0.01"],
-                    "backoffLimit": backoff_limit,
-                    "terminationGraceSeconds": 10,
-                    "flushLines": 5,
-                    "flushSeconds": 1,
-                },
-            },
+    pool = simulated_pool(
+        name,
+        MODEL,
+        maxSlots=max_slots,
+        shardRequests=shard_requests,
+        throughputPerSlot=throughput,
+        limits=limits or {},
+        executor={
+            "engineArgs": engine_args or ["--latency-seconds=0.01"],
+            "backoffLimit": backoff_limit,
         },
     )
+    apply(cluster, tmp_path, pool)
     return name
 
 
@@ -548,3 +535,19 @@ def test_pool_at_capacity_fails_fast(
     status = wait_status(cluster, operator_process, namespace, name, {"failed"})["status"]
     assert status["errors"][0]["code"] == "capacity_exceeded"
     assert "limit of 5" in status["errors"][0]["message"]
+
+
+def test_batch_names_must_carry_the_batch_prefix(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    with pytest.raises(AssertionError, match="a Batch name starts with batch-"):
+        apply(
+            cluster,
+            tmp_path,
+            {
+                "apiVersion": "llmbatch.io/v1alpha1",
+                "kind": "Batch",
+                "metadata": {"name": "my-job", "namespace": namespace},
+                "spec": {"endpoint": "/v1/chat/completions", "requests": chat_requests(1)},
+            },
+        )

@@ -20,7 +20,7 @@ import pytest
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.retention import SETTLE_SECONDS
-from tests.fixtures.operator import WORKER_NAMESPACE, OperatorProcess
+from tests.fixtures.operator import OperatorProcess, simulated_pool
 from tests.integration.test_operator import (
     _POOLS,
     MODEL,
@@ -46,33 +46,10 @@ def make_pool(
 ) -> str:
     name = f"pool-{uuid.uuid4().hex[:8]}"
     _POOLS.append(name)
-    spec: dict[str, Any] = {
-        "models": [{"name": MODEL, "source": "simulated"}],
-        "workerNamespace": WORKER_NAMESPACE,
-        "maxSlots": 2,
-        "shardRequests": 10,
-        "throughputPerSlot": "100",
-        "retention": retention,
-        "executor": {
-            "engine": "simulated",
-            "engineArgs": ["--latency-seconds=0.01"],
-            "terminationGraceSeconds": 10,
-            "flushLines": 5,
-            "flushSeconds": 1,
-        },
-    }
+    extra: dict[str, Any] = {"retention": retention}
     if node_selector:
-        spec["nodeSelector"] = node_selector  # no node matches: the batch stays in_progress
-    apply(
-        cluster,
-        tmp_path,
-        {
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "BatchPool",
-            "metadata": {"name": name},
-            "spec": spec,
-        },
-    )
+        extra["nodeSelector"] = node_selector  # no node matches: the batch stays in_progress
+    apply(cluster, tmp_path, simulated_pool(name, MODEL, **extra))
     return name
 
 

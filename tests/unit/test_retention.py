@@ -358,3 +358,14 @@ def test_stored_file_falls_back_to_the_creation_timestamp() -> None:
     )
     assert f.created_at == 1800000000
     assert (f.shown_expires_at, f.used_by, f.requested_expires_at) == (7, ("batch_q",), None)
+
+
+def test_a_batch_name_without_the_prefix_does_not_stop_the_sweep() -> None:
+    ref = BatchRef.from_object(
+        {
+            "metadata": {"name": "my-job", "namespace": "team-a", "uid": "u"},
+            "spec": {"inputFileID": "file-1"},
+            "status": {"status": "completed"},
+        }
+    )
+    assert ref.batch_id == "my-job"

@@ -667,6 +667,12 @@ RESOURCES: tuple[ResourceKind, ...] = (
             {"name": "Cost", "type": "string", "jsonPath": ".status.cost", "priority": "1"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
+        rules=[
+            {
+                "rule": "self.metadata.name.startsWith('batch-')",
+                "message": "a Batch name starts with batch- (its OpenAI id is batch_<rest>)",
+            }
+        ],
     ),
     ResourceKind(
         kind="BatchFile",

@@ -174,7 +174,9 @@ class BatchRef:
 
     @property
     def batch_id(self) -> str:
-        return batch_id_from_name(self.name)
+        # The CRD only admits batch-* names; an object from before that rule must not stop
+        # the sweep for every tenant, so it shows under its object name.
+        return batch_id_from_name(self.name) if self.name.startswith("batch-") else self.name
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> BatchRef:

@@ -429,6 +429,8 @@ class PodRunner:
                 self._mark_dirty()
                 return 128
         c.ever_started = True
+        # Not ready until the probe says so, also after a restart (a kubelet resets it too).
+        c.probe_ready = "readinessProbe" not in c.spec
         c.state = {"running": {"startedAt": started}}
         await self.ctx.record_event(
             self.pod, "Normal", "Started", f"Started container {c.name} (pid {c.proc.pid})"
@@ -464,8 +466,6 @@ class PodRunner:
 
     async def _readiness(self, c: _Container, probe: JSON) -> None:
         """Run an httpGet or tcpSocket readiness probe against 127.0.0.1, like a kubelet."""
-        c.probe_ready = False
-        self._mark_dirty()
         period = float(probe.get("periodSeconds") or 10)
         timeout = float(probe.get("timeoutSeconds") or 1)
         need = {
@@ -619,8 +619,10 @@ class PodRunner:
             )
         except Exception as err:
             raise ContainerConfigError(f"volume {volume}: token for {account}: {err}") from err
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / str(token_source.get("path") or "token")).write_text(token)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        token_file = directory / str(token_source.get("path") or "token")
+        token_file.write_text(token)
+        token_file.chmod(0o600)
         for source in sources:
             for item in (source.get("configMap") or {}).get("items") or []:
                 if item.get("key") == "ca.crt":
