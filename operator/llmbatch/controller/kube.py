@@ -81,7 +81,7 @@ class Kube:
     async def iter_custom(
         self, plural: str, namespace: str | None = None, page_size: int = 500
     ) -> AsyncIterator[dict[str, Any]]:
-        """Every object of a kind, listed in pages (memory stays bounded by one page)."""
+        """Every object of a kind, listed in pages (one page in flight per request)."""
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"limit": page_size}
