@@ -70,11 +70,11 @@ def test_worked_example_gpu_time_estimate() -> None:
     private = pool(mode="GPUTime", gpuHourPrice="2.40")
     size = billing.BatchSize(50_000, 95, 95 * 256, 0)
     estimate = billing.estimate_batch(private, STANDARD, size)
-    assert estimate.gpu_seconds == 190 * 2  # ceil(95 / 0.5) slot-seconds on 2 GPUs
-    assert billing.money(estimate.amount) == "0.253334"  # rounded up, never below
-    # the learned throughput outranks the spec's
+    # ceil(95 / 0.5) slot-seconds on 2 GPUs at 2.40 per GPU-hour, rounded up, never below
+    assert billing.money(estimate.amount) == "0.253334"
+    # the learned throughput outranks the spec's: 95 slot-seconds on 2 GPUs
     faster = billing.estimate_batch(private, STANDARD, size, throughput_per_slot="1")
-    assert faster.gpu_seconds == 95 * 2
+    assert billing.money(faster.amount) == "0.126667"
 
 
 @given(
@@ -153,6 +153,107 @@ def test_the_ledger_is_bounded() -> None:
     )
     with pytest.raises(billing.TooManyReservations):
         billing.reserve("10", "USD", status, entry("batch-x", "0"))
+
+
+# --- acceptance: the validated input against the reservation made at creation -----------------
+
+WORKED_SIZE = billing.BatchSize(
+    input_bytes=600_000,
+    requests=1000,
+    output_token_limits=900 * 256,
+    requests_without_output_limit=100,
+)
+
+
+def held_at_creation(amount: str, pool_name: str = "pool-a") -> CreditReservation:
+    """What the gateway reserved from the BatchFile's (here forged) sizes."""
+    return CreditReservation(
+        batch="batch-a",
+        amount=amount,
+        estimated_tokens=10,
+        pool=pool_name,
+        pricing=STANDARD,
+        created_at=1000,
+    )
+
+
+def operators_entry(amount: str = "9") -> CreditReservation:
+    """The operator's own reservation for the validated input, at the pool's current prices."""
+    return CreditReservation(
+        batch="batch-a",
+        amount=amount,
+        estimated_tokens=532_800,
+        pool="pool-a",
+        pricing=Pricing(input_per_million="5", output_per_million="5"),
+        created_at=2000,
+    )
+
+
+def test_a_reservation_from_forged_sizes_is_raised_at_its_own_prices() -> None:
+    held = held_at_creation("0.000001")
+    wanted = billing.accepted_reservation(held, operators_entry(), pool(), WORKED_SIZE)
+    # the validated input at the prices fixed at creation, not at the pool's current ones
+    assert (wanted.amount, wanted.estimated_tokens) == ("0.299600", 532_800)
+    assert (wanted.pricing, wanted.pool, wanted.created_at) == (STANDARD, "pool-a", 1000)
+    status = billing.reserve("10", "USD", CreditAccountStatus(), held)
+    assert status is not None
+    topped = billing.top_up("10", "USD", status, wanted)
+    assert topped is not None
+    assert (topped.reserved, topped.available, topped.active_batches) == (
+        "0.299600",
+        "9.700400",
+        1,
+    )
+    # validation running again: the reservation already is what the input needs
+    again = billing.find(topped, "batch-a")
+    assert again is not None
+    assert billing.accepted_reservation(again, operators_entry(), pool(), WORKED_SIZE) == again
+    assert billing.top_up("10", "USD", topped, wanted) is None
+
+
+def test_a_reservation_that_covers_the_input_is_kept() -> None:
+    held = held_at_creation("1")
+    held = held.model_copy(update={"estimated_tokens": 600_000})
+    assert billing.accepted_reservation(held, operators_entry(), pool(), WORKED_SIZE) == held
+
+
+def test_a_top_up_that_does_not_fit_fails() -> None:
+    held = held_at_creation("0.000001")
+    status = billing.reserve("0.1", "USD", CreditAccountStatus(), held)
+    assert status is not None
+    wanted = billing.accepted_reservation(held, operators_entry(), pool(), WORKED_SIZE)
+    with pytest.raises(billing.InsufficientCredit) as err:
+        billing.top_up("0.1", "USD", status, wanted)
+    assert "needs an estimated 0.299600 USD, 0.100000 USD is available" in str(err.value)
+    # a batch without a reservation (settled, or never reserved) is not raised
+    assert billing.top_up("10", "USD", CreditAccountStatus(), wanted) is None
+
+
+def test_a_reservation_for_another_pool_takes_the_operators_terms() -> None:
+    held = held_at_creation("0.000001", pool_name="pool-cheap")
+    entry_ = operators_entry("0.5")
+    assert billing.accepted_reservation(held, entry_, pool(), WORKED_SIZE) == entry_
+    status = billing.reserve("10", "USD", CreditAccountStatus(), held)
+    assert status is not None
+    topped = billing.top_up("10", "USD", status, entry_)
+    assert topped is not None
+    assert billing.find(topped, "batch-a") == entry_
+    assert topped.reserved == "0.500000"
+
+
+def test_a_private_pool_reservation_is_raised_at_its_gpu_hour_price() -> None:
+    private = pool(mode="GPUTime", gpuHourPrice="9.99")  # the price changed since creation
+    held = CreditReservation(
+        batch="batch-a",
+        amount="0.000001",
+        pool="pool-a",
+        mode="GPUTime",
+        gpu_hour_price="2.40",
+        created_at=1000,
+    )
+    size = billing.BatchSize(50_000, 95, 95 * 256, 0)  # the file said 1 request
+    wanted = billing.accepted_reservation(held, operators_entry(), private, size)
+    assert (wanted.amount, wanted.mode, wanted.gpu_hour_price) == ("0.253334", "GPUTime", "2.40")
 
 
 @pytest.mark.parametrize(

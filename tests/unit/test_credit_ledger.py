@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from llmbatch.api.resources import CreditReservation, Pricing
+from llmbatch.api.resources import BatchPoolSpec, CreditReservation, Pricing
+from llmbatch.controller import metrics
 from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.credits import ORPHAN_GRACE_SECONDS, CreditLedger
 from llmbatch.controller.kube import Conflict
 from llmbatch.core import billing
+from llmbatch.core.validation import ValidationResult
 
 NS = "team-a"
 NOW = 1_800_000_000
@@ -90,10 +93,13 @@ def test_reserve_keeps_the_gateways_reservation_and_its_prices() -> None:
     ledger = CreditLedger(kube)  # type: ignore[arg-type]
     first = run(ledger.reserve(NS, reservation("batch-a", "1")))
     assert first is not None
-    assert first.amount == "1"
+    assert first.entry.amount == "1"
+    assert first.added == Decimal(1)
     # the operator's own estimate at validation does not replace what the gateway fixed
     again = run(ledger.reserve(NS, reservation("batch-a", "3")))
-    assert again == first
+    assert again is not None
+    assert again.entry == first.entry
+    assert again.added == 0
     assert status_of(kube)["reserved"] == "1.000000"
     assert run(CreditLedger(MemoryKube()).reserve(NS, reservation("b", "1"))) is None  # type: ignore[arg-type]
 
@@ -171,6 +177,107 @@ def test_conflicting_writers_both_land() -> None:
     assert status["reserved"] == "8.000000"
 
 
+def reserved_metric() -> float:
+    value = metrics.REGISTRY.get_sample_value("llmbatch_credits_reserved_total", {"tenant": ""})
+    return value or 0.0
+
+
+def validated(requests: int, max_tokens: int) -> ValidationResult:
+    """What validation counted: ``requests`` lines of 300 bytes, each with ``max_tokens``."""
+    return ValidationResult(
+        errors=[],
+        error_count=0,
+        request_count=requests,
+        line_count=requests,
+        total_bytes=300 * requests,
+        model="llama",
+        shards=[],
+        declared_output_tokens=requests * max_tokens,
+        aborted=False,
+    )
+
+
+POOL = BatchPoolSpec.model_validate(
+    {
+        "models": [{"name": "llama", "source": "/m"}],
+        "tiers": {
+            "standard": {
+                "drainTargetSeconds": 60,
+                "pricing": {"inputPerMillion": "1", "outputPerMillion": "2"},
+            }
+        },
+    }
+)
+
+
+def reconciler_on(kube: MemoryKube) -> BatchReconciler:
+    config = OperatorConfig(store_uri="file:///nowhere", executor_store_uri="file:///nowhere")
+    return BatchReconciler(kube, store=None, config=config, clock=lambda: NOW)  # type: ignore[arg-type]
+
+
+def test_acceptance_tops_up_a_reservation_made_from_forged_file_sizes() -> None:
+    """The gateway reserved from a BatchFile claiming 1 tiny request; validation counts 1,000
+    requests of 300 bytes and 1,000 output tokens each: the hold is raised to their estimate,
+    once, and only the raise counts as reserved by the operator."""
+    kube = MemoryKube()
+    account(kube)
+    reconciler = reconciler_on(kube)
+    gateways = reservation("batch-a", "0.000003").model_copy(update={"pool": "pool-a"})
+    run(reconciler.credits.reserve(NS, gateways))
+    meta = {"namespace": NS, "name": "batch-a"}
+    before = reserved_metric()
+    verdict = validated(1000, 1000)
+    for _ in range(2):  # the first status patch is lost: validation runs again
+        pricing, charges = run(reconciler._reserve(meta, "pool-a", POOL, {}, "standard", verdict))
+        # 100,000 input tokens at 1 + 1,000,000 output tokens at 2, per 1M
+        assert charges["reserved"] == "2.100000"
+        assert charges["estimatedTokens"] == 1_100_000
+        assert pricing["inputPerMillion"] == "1"
+    assert status_of(kube)["reserved"] == "2.100000"
+    assert reserved_metric() - before == pytest.approx(2.1 - 0.000003)
+
+
+def test_acceptance_fails_when_the_top_up_does_not_fit() -> None:
+    kube = MemoryKube()
+    account(kube, "1")
+    reconciler = reconciler_on(kube)
+    gateways = reservation("batch-a", "0.000003").model_copy(update={"pool": "pool-a"})
+    run(reconciler.credits.reserve(NS, gateways))
+    with pytest.raises(billing.InsufficientCredit):
+        run(
+            reconciler._reserve(
+                {"namespace": NS, "name": "batch-a"},
+                "pool-a",
+                POOL,
+                {},
+                "standard",
+                validated(1000, 1000),
+            )
+        )
+    assert status_of(kube)["reserved"] == "0.000003"  # the batch fails; settling releases it
+
+
+def test_the_operators_own_reservation_counts_once() -> None:
+    kube = MemoryKube()
+    account(kube)
+    reconciler = reconciler_on(kube)
+    before = reserved_metric()
+    for _ in range(2):
+        run(
+            reconciler._reserve(
+                {"namespace": NS, "name": "batch-k"},
+                "pool-a",
+                POOL,
+                {},
+                "standard",
+                validated(10, 100),
+            )
+        )
+    # 1,000 input tokens at 1 + 1,000 output tokens at 2, per 1M
+    assert status_of(kube)["reserved"] == "0.003000"
+    assert reserved_metric() - before == pytest.approx(0.003)
+
+
 def test_repair_drops_orphans_after_the_grace_period_only() -> None:
     kube = MemoryKube()
     account(kube)
@@ -197,3 +304,56 @@ def test_repair_fills_in_a_new_accounts_status() -> None:
     writes = kube.writes
     run(CreditLedger(kube).repair(NS, kube.objects[("creditaccounts", NS, "default")]))  # type: ignore[arg-type]
     assert kube.writes == writes  # nothing changed, nothing written
+
+
+def test_repair_reads_the_namespaces_batches_with_one_list() -> None:
+    kube = MemoryKube()
+    account(kube)
+    ledger = CreditLedger(kube, clock=lambda: NOW)  # type: ignore[arg-type]
+    old = NOW - ORPHAN_GRACE_SECONDS - 1
+    for i in range(5):
+        run(ledger.reserve(NS, reservation(f"batch-{i}", "1", old)))
+        if i % 2:
+            kube.put("batches", {"metadata": {"name": f"batch-{i}", "namespace": NS}})
+    calls: list[str] = []
+    get, listing = kube.get_custom, kube.list_custom
+
+    async def counted_get(plural: str, namespace: str | None, name: str) -> Any:
+        calls.append("get " + plural)
+        return await get(plural, namespace, name)
+
+    async def counted_list(plural: str, namespace: str | None = None) -> Any:
+        calls.append("list " + plural)
+        return await listing(plural, namespace)
+
+    kube.get_custom = counted_get  # type: ignore[method-assign]
+    kube.list_custom = counted_list  # type: ignore[method-assign]
+    run(ledger.repair(NS, kube.objects[("creditaccounts", NS, "default")]))
+    assert [e["batch"] for e in status_of(kube)["reservations"]] == ["batch-1", "batch-3"]
+    assert calls.count("list batches") == 1
+    assert "get batches" not in calls
+
+
+def test_one_accounts_failing_repair_does_not_stop_the_pass(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kube = MemoryKube()
+    for namespace in ("team-a", "team-b", "team-c"):
+        kube.put(
+            "creditaccounts",
+            {"metadata": {"name": "default", "namespace": namespace}, "spec": {"limit": "5"}},
+        )
+    ledger = CreditLedger(kube, clock=lambda: NOW)  # type: ignore[arg-type]
+    repair = ledger.repair
+
+    async def failing_for_a(namespace: str, body: dict[str, Any]) -> None:
+        if namespace == "team-a":
+            raise RuntimeError("boom")
+        await repair(namespace, body)
+
+    ledger.repair = failing_for_a  # type: ignore[method-assign]
+    run(ledger.repair_all(()))
+    for namespace in ("team-b", "team-c"):
+        status = kube.objects[("creditaccounts", namespace, "default")]["status"]
+        assert status["available"] == "5.000000"
+    assert "credit account of team-a: upkeep failed" in caplog.text

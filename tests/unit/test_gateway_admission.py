@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.resources import BatchFileSpec, BatchPoolSpec
 from llmbatch.core import admission
 from llmbatch.gateway.kube import Conflict
 from tests.fixtures.gateway import FakeGateway, auth
@@ -94,6 +94,24 @@ def test_upload_records_what_the_estimate_needs(fake_gateway: FakeGateway) -> No
     assert spec["model"] == "llama"
     assert spec["outputTokenLimits"] == 300
     assert spec["requestsWithoutOutputLimit"] == 1
+
+
+def test_a_model_name_too_long_for_the_batchfile_is_left_off(fake_gateway: FakeGateway) -> None:
+    """BatchFile.spec.model holds 256 characters (no pool serves a longer name): a longer one
+    is not recorded, so the API server takes the BatchFile, and the batch is estimated as one
+    whose model has no pool (validation then fails it with model_not_found)."""
+    key = fake_gateway.key(NS)
+    add_pool(fake_gateway)
+    add_account(fake_gateway, "1")
+    file_id = upload(fake_gateway, key, jsonl(rows(2, model="m" * 257)))
+    spec = fake_gateway.kube.objects[("batchfiles", NS, file_id)]["spec"]
+    assert "model" not in spec
+    BatchFileSpec.model_validate(spec)  # what the CRD schema checks
+    assert create(fake_gateway, key, file_id).status_code == 200
+    assert account_status(fake_gateway).get("reservations") is None
+    # a name of exactly the limit is still recorded
+    file_id = upload(fake_gateway, key, jsonl(rows(2, model="m" * 256)))
+    assert fake_gateway.kube.objects[("batchfiles", NS, file_id)]["spec"]["model"] == "m" * 256
 
 
 def test_creation_reserves_the_estimate_at_the_tier_price(fake_gateway: FakeGateway) -> None:
@@ -184,6 +202,68 @@ def test_a_failed_create_gives_the_reservation_back(
     assert create(fake_gateway, key, file_id).status_code == 409
     assert account_status(fake_gateway).get("reservations") is None
     assert account_status(fake_gateway)["reserved"] == "0.000000"
+
+
+def test_losing_an_idempotent_race_keeps_the_winners_reservation(
+    fake_gateway: FakeGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two requests with one Idempotency-Key: A reserves, B finds the reservation and creates
+    the Batch first. A's create then conflicts: the reservation is the hold of B's live batch
+    and stays."""
+    key = fake_gateway.key(NS)
+    add_pool(fake_gateway)
+    add_account(fake_gateway, "1")
+    file_id = upload(fake_gateway, key, jsonl(rows(2)))
+    kube = fake_gateway.kube
+    original = kube.create
+
+    async def other_request_wins(plural: str, namespace: str, body: dict[str, Any]) -> Any:
+        if plural == "batches":
+            await original(plural, namespace, body)  # request B's create, same name
+            raise Conflict(body["metadata"]["name"])
+        return await original(plural, namespace, body)
+
+    monkeypatch.setattr(kube, "create", other_request_wins)
+    resp = fake_gateway.client.post(
+        "/v1/batches",
+        headers={**auth(key), "Idempotency-Key": "k-1"},
+        json={
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "input_file_id": file_id,
+        },
+    )
+    assert resp.status_code == 200, resp.text  # the replay of B's batch
+    (batch,) = batches(fake_gateway)
+    assert resp.json()["id"] == "batch_" + batch["metadata"]["name"].removeprefix("batch-")
+    (entry,) = account_status(fake_gateway)["reservations"]
+    assert entry["batch"] == batch["metadata"]["name"]
+    assert account_status(fake_gateway)["reserved"] == entry["amount"]
+
+
+def test_a_create_that_may_have_succeeded_keeps_the_reservation(
+    fake_gateway: FakeGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timeout can hide a create the API server carried out: the reservation stays (the
+    operator's upkeep drops it if the Batch never appears)."""
+    key = fake_gateway.key(NS)
+    add_pool(fake_gateway)
+    add_account(fake_gateway, "1")
+    file_id = upload(fake_gateway, key, jsonl(rows(2)))
+    kube = fake_gateway.kube
+    original = kube.create
+
+    async def time_out(plural: str, namespace: str, body: dict[str, Any]) -> Any:
+        if plural == "batches":
+            await original(plural, namespace, body)
+            raise TimeoutError("no answer from the API server")
+        return await original(plural, namespace, body)
+
+    monkeypatch.setattr(kube, "create", time_out)
+    assert create(fake_gateway, key, file_id).status_code == 503
+    (batch,) = batches(fake_gateway)
+    (entry,) = account_status(fake_gateway)["reservations"]
+    assert entry["batch"] == batch["metadata"]["name"]
 
 
 # --- size caps and quotas ------------------------------------------------------------------------

@@ -371,7 +371,10 @@ class BatchReconciler:
 
         The gateway reserved at creation (its prices are fixed on the batch) unless the Batch
         came from kubectl or the model had no pool then; the operator reserves the estimate now
-        in that case. A tenant without a CreditAccount is not limited.
+        in that case. The gateway estimated from the sizes on the BatchFile, which whoever may
+        write BatchFiles can change: a reservation short of the estimate of the validated input
+        is topped up now (``billing.InsufficientCredit`` when that does not fit). A tenant
+        without a CreditAccount is not limited.
         """
         tier_pricing = getattr(pool.tiers, tier).pricing
         size = billing.BatchSize(
@@ -380,9 +383,8 @@ class BatchReconciler:
             output_token_limits=verdict.declared_output_tokens,
             requests_without_output_limit=verdict.requests_without_output_limit,
         )
-        estimate = billing.estimate_batch(
-            pool, tier_pricing, size, pool_status.get("throughputPerSlot")
-        )
+        throughput = pool_status.get("throughputPerSlot")
+        estimate = billing.estimate_batch(pool, tier_pricing, size, throughput)
         gpu_mode = pool.billing.mode == "GPUTime"
         entry = CreditReservation(
             batch=meta["name"],
@@ -394,7 +396,12 @@ class BatchReconciler:
             gpu_hour_price=pool.billing.gpu_hour_price if gpu_mode else None,
             created_at=int(self.clock()),
         )
-        held = await self.credits.reserve(meta["namespace"], entry)
+        hold = await self.credits.reserve(meta["namespace"], entry)
+        if hold is not None and not hold.added:
+            wanted = billing.accepted_reservation(hold.entry, entry, pool, size, throughput)
+            if wanted != hold.entry:
+                hold = await self.credits.top_up(meta["namespace"], wanted) or hold
+        held = hold.entry if hold is not None else None
         fixed = held or entry
         if fixed.mode == "GPUTime":
             pricing = Pricing(currency=tier_pricing.currency)  # no separate token charge
@@ -409,8 +416,10 @@ class BatchReconciler:
             charges["gpuHourPrice"] = fixed.gpu_hour_price
         if held is not None:
             charges["account"] = CREDIT_ACCOUNT_NAME
+        if hold is not None and hold.added:
+            # only what this call reserved: the gateway counts its own, a rerun adds nothing
             metrics.CREDITS_RESERVED.labels(self.credits.tenant_label(meta["namespace"])).inc(
-                float(held.amount)
+                float(hold.added)
             )
         return pricing.to_k8s(), charges
 
@@ -553,11 +562,13 @@ class BatchReconciler:
                 return pool["metadata"]["name"], pool_spec, pool.get("status") or {}
         where = f"pool {spec.pool!r}" if spec.pool else "any pool"
         listing = ", ".join(sorted(set(served))) or "none"
+        # a line may name any model: cut it so the message fits status.errors (4096 characters)
+        shown = model if len(model) <= 256 else model[:256] + "…"
         raise Rejected(
             [
                 _error(
                     "model_not_found",
-                    f"Model {model!r} is not served by {where}. Served models: {listing}.",
+                    f"Model {shown!r} is not served by {where}. Served models: {listing}.",
                     "body.model",
                 )
             ]

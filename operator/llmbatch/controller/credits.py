@@ -13,6 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -40,6 +41,16 @@ Change = Callable[[str, CreditAccountStatus], CreditAccountStatus | None]
 
 class CreditAccountBusy(RuntimeError):
     """Too many concurrent writers; the caller's next reconcile retries."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A batch's reservation after a ledger call, and the credit that call itself reserved."""
+
+    entry: CreditReservation
+    """The reservation in force: its terms (mode, prices) are the batch's."""
+    added: Decimal = Decimal(0)
+    """Credit this call reserved (a new reservation or a top-up); 0 when it found it held."""
 
 
 class CreditLedger:
@@ -88,7 +99,7 @@ class CreditLedger:
             CreditAccountStatus.model_validate(account.get("status") or {}),
         )
 
-    async def reserve(self, namespace: str, entry: CreditReservation) -> CreditReservation | None:
+    async def reserve(self, namespace: str, entry: CreditReservation) -> Hold | None:
         """The reservation in force for ``entry.batch``: the one the gateway made at creation
         (its prices are the batch's), else ``entry`` once added. None: the tenant has no account.
 
@@ -99,15 +110,39 @@ class CreditLedger:
             return None
         existing = billing.find(current[1], entry.batch)
         if existing is not None:
-            return existing
+            return Hold(existing)
         currency = current[0].currency
 
         def add(limit: str, status: CreditAccountStatus) -> CreditAccountStatus | None:
             return billing.reserve(limit, currency, status, entry)
 
-        await self._update(namespace, add)
+        added = await self._update(namespace, add) is not None
         again = await self.account(namespace)
-        return billing.find(again[1], entry.batch) if again is not None else None
+        held = billing.find(again[1], entry.batch) if again is not None else None
+        if held is None:
+            return None
+        return Hold(held, Decimal(held.amount) if added else Decimal(0))
+
+    async def top_up(self, namespace: str, wanted: CreditReservation) -> Hold | None:
+        """Replace ``wanted.batch``'s reservation by ``wanted`` (see ``billing.top_up``).
+
+        None when the batch holds no reservation. Raises ``billing.InsufficientCredit``.
+        """
+        current = await self.account(namespace)
+        if current is None:
+            return None
+        currency = current[0].currency
+        found: list[CreditReservation] = []  # the reservation the write that stuck replaced
+
+        def raise_to(limit: str, status: CreditAccountStatus) -> CreditAccountStatus | None:
+            held = billing.find(status, wanted.batch)
+            found[:] = [held] if held is not None else []
+            return billing.top_up(limit, currency, status, wanted)
+
+        if await self._update(namespace, raise_to) is not None:
+            increase = Decimal(wanted.amount) - Decimal(found[0].amount)
+            return Hold(wanted, max(Decimal(0), increase))
+        return Hold(found[0]) if found else None
 
     async def settle(self, namespace: str, batch: str, charge: str) -> bool:
         """Release ``batch``'s reservation and charge ``charge``; False when it held none."""
@@ -130,15 +165,21 @@ class CreditLedger:
         """
         now = int(self.clock())
         status = CreditAccountStatus.model_validate(body.get("status") or {})
+        old = [
+            e.batch for e in status.reservations or [] if now - e.created_at >= ORPHAN_GRACE_SECONDS
+        ]
         orphans: set[str] = set()
-        for entry in status.reservations or []:
-            if now - entry.created_at < ORPHAN_GRACE_SECONDS:
-                continue
-            batch = await self.kube.get_custom("batches", namespace, entry.batch)
-            batch_status = (batch or {}).get("status") or {}
-            settled = ((batch_status.get("billing") or {}).get("settledAt")) is not None
-            if batch is None or (batch_status.get("status") in TERMINAL and settled):
-                orphans.add(entry.batch)
+        if old:  # one list of the namespace's Batches, not one GET per reservation
+            batches = {
+                (b.get("metadata") or {}).get("name"): b
+                for b in await self.kube.list_custom("batches", namespace)
+            }
+            for name in old:
+                batch = batches.get(name)
+                batch_status = (batch or {}).get("status") or {}
+                settled = ((batch_status.get("billing") or {}).get("settledAt")) is not None
+                if batch is None or (batch_status.get("status") in TERMINAL and settled):
+                    orphans.add(name)
 
         def tidy(limit: str, current: CreditAccountStatus) -> CreditAccountStatus | None:
             kept, dropped = billing.collect(limit, current, lambda e: e.batch not in orphans)
@@ -160,14 +201,24 @@ class CreditLedger:
         """
         while True:
             try:
-                for namespace in namespaces or ("",):
-                    accounts = await self.kube.list_custom(PLURAL, namespace or None)
-                    for account in accounts:
-                        meta = account.get("metadata") or {}
-                        if meta.get("name") == CREDIT_ACCOUNT_NAME:
-                            await self.repair(meta["namespace"], account)
+                await self.repair_all(namespaces)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("credit account upkeep failed; retrying in %ss", interval)
             await asyncio.sleep(interval)
+
+    async def repair_all(self, namespaces: tuple[str, ...]) -> None:
+        """One upkeep pass; an account whose repair fails is logged and the pass goes on."""
+        for namespace in namespaces or ("",):
+            accounts = await self.kube.list_custom(PLURAL, namespace or None)
+            for account in accounts:
+                meta = account.get("metadata") or {}
+                if meta.get("name") != CREDIT_ACCOUNT_NAME:
+                    continue
+                try:
+                    await self.repair(meta["namespace"], account)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("credit account of %s: upkeep failed", meta.get("namespace"))

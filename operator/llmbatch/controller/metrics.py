@@ -61,7 +61,9 @@ DESIRED_SLOTS = Gauge(
 )
 CREDITS_RESERVED = Counter(
     "llmbatch_credits_reserved_total",
-    "Credit reserved for accepted batches, in currency units. tenant is the namespace only when "
+    "Credit the operator itself reserved at acceptance (batches without a gateway reservation, "
+    "and top-ups of short ones), in currency units; the gateway's reservations are "
+    "llmbatch_gateway_credits_reserved_total. tenant is the namespace only when "
     "LLMBATCH_NAMESPACES bounds the tenants, else empty.",
     ["tenant"],
     registry=REGISTRY,

@@ -59,7 +59,6 @@ class Estimate:
     input_tokens: int
     output_tokens: int
     amount: Decimal
-    gpu_seconds: int = 0
 
     @property
     def tokens(self) -> int:
@@ -105,12 +104,48 @@ def estimate_batch(
         if throughput <= 0:
             throughput = Decimal(1)
         slot_seconds = int((Decimal(size.requests) / throughput).to_integral_value(ROUND_CEILING))
-        gpu_seconds = slot_seconds * pool.gpus_per_slot
-        amount = gpu_cost(gpu_seconds, pool.billing.gpu_hour_price)
-        return Estimate(input_tokens, output_tokens, _ceil(amount), gpu_seconds)
+        amount = gpu_cost(slot_seconds * pool.gpus_per_slot, pool.billing.gpu_hour_price)
+        return Estimate(input_tokens, output_tokens, _ceil(amount))
     return Estimate(
         input_tokens, output_tokens, _ceil(token_cost(input_tokens, output_tokens, pricing))
     )
+
+
+def accepted_reservation(
+    held: CreditReservation,
+    entry: CreditReservation,
+    pool: BatchPoolSpec,
+    size: BatchSize,
+    throughput_per_slot: str | None = None,
+) -> CreditReservation:
+    """What a batch must hold once its input is validated, given ``held`` from its creation.
+
+    ``held`` was estimated from the sizes recorded on the BatchFile, which whoever may write
+    BatchFiles can change; ``entry`` is the operator's reservation for the validated ``size`` on
+    the pool it chose. Made for that pool, ``held`` keeps its terms (mode and prices, fixed at
+    creation) and its amount and tokens are raised to the estimate of ``size`` at those terms
+    when that is more. Made for another pool (the file's recorded model was not its input's),
+    its terms are not the batch's: ``entry`` replaces it.
+    """
+    if held.pool != entry.pool:
+        return entry
+    terms = pool.billing.model_copy(
+        update={
+            "mode": held.mode,
+            "gpu_hour_price": held.gpu_hour_price or pool.billing.gpu_hour_price,
+        }
+    )
+    needed = estimate_batch(
+        pool.model_copy(update={"billing": terms}),
+        held.pricing or Pricing(),
+        size,
+        throughput_per_slot,
+    )
+    amount = max(Decimal(held.amount), needed.amount)
+    tokens = max(held.estimated_tokens, needed.tokens)
+    if amount == Decimal(held.amount) and tokens == held.estimated_tokens:
+        return held
+    return held.model_copy(update={"amount": money(amount), "estimated_tokens": tokens})
 
 
 # --- charge ------------------------------------------------------------------------------------
@@ -239,6 +274,26 @@ def reserve(
     if len(status.reservations or []) >= MAX_RESERVATIONS:
         raise TooManyReservations()
     entries = [*(status.reservations or []), entry]
+    return totals(limit, status.model_copy(update={"reservations": entries}))
+
+
+def top_up(
+    limit: str, currency: str, status: CreditAccountStatus, wanted: CreditReservation
+) -> CreditAccountStatus | None:
+    """The account with ``wanted.batch``'s reservation replaced by ``wanted`` (acceptance).
+
+    None when the batch holds no reservation (nothing to raise: it ended, or never reserved) or
+    holds ``wanted`` already, so a validation that runs again changes nothing. Raises
+    :class:`InsufficientCredit` when the increase is more than is available.
+    """
+    held = find(status, wanted.batch)
+    if held is None or held == wanted:
+        return None
+    increase = Decimal(wanted.amount) - Decimal(held.amount)
+    left = available(limit, status)
+    if increase > 0 and increase > left:
+        raise InsufficientCredit(Decimal(wanted.amount), Decimal(held.amount) + left, currency)
+    entries = [wanted if e.batch == wanted.batch else e for e in status.reservations or []]
     return totals(limit, status.model_copy(update={"reservations": entries}))
 
 

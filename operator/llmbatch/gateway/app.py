@@ -47,13 +47,12 @@ from llmbatch.api.resources import (
 )
 from llmbatch.core import keys
 from llmbatch.core.admission import (
-    CATALOG_MAX_REQUESTS,
-    PRIVATE_MAX_REQUESTS,
     Refusal,
     check_batch_size,
     check_pool_queue,
     check_tenant_queue,
     choose_pool,
+    max_requests,
 )
 from llmbatch.core.billing import (
     BatchSize,
@@ -105,6 +104,8 @@ NAMESPACE_MAX_QUEUED_TOKENS = "llmbatch.io/max-queued-tokens"
 FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
 BATCH_ID = re.compile(r"^batch_[a-z0-9]([-a-z0-9.]{0,240}[a-z0-9])?$")
 MAX_INLINE_REQUESTS = 1000
+MAX_RECORDED_MODEL = 256
+"""Longest model name a BatchFile records (``spec.model`` is ShortText, as pools' names are)."""
 
 
 # --- state and dependencies --------------------------------------------------------------------
@@ -277,7 +278,9 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
                 "expiresAt": created + 86400,
             },
         }
-        if stored.result.model:
+        # Longer than BatchFile.spec.model allows, it names no pool anyway: left off, the
+        # batch is estimated as one without a pool and validation fails it (model_not_found).
+        if stored.result.model and len(stored.result.model) <= MAX_RECORDED_MODEL:
             body["spec"]["model"] = stored.result.model
         obj = await gw.kube.create(
             "batchfiles", who.namespace, {k: v for k, v in body.items() if v is not None}
@@ -867,22 +870,23 @@ async def create_batch(
     if label:
         meta["labels"] = {LABEL_IDEMPOTENCY: label}
     manifest = {"apiVersion": API_VERSION, "kind": "Batch", "metadata": meta, "spec": spec}
+    # The reservation is keyed by the name, so it is the hold of whichever Batch gets the name.
+    # It is given back only when no Batch has it; any other failure (a timeout, say) may have
+    # created the Batch server-side, and the operator's upkeep drops a reservation whose Batch
+    # never appeared after 5 minutes.
     try:
         created = await gw.kube.create("batches", who.namespace, manifest)
     except Conflict as exc:  # a concurrent create with the same Idempotency-Key won
-        if admitted.reserved:
-            await release_credit(gw.kube, who.namespace, name)
         existing = await gw.kube.get("batches", who.namespace, name)
+        if existing is None and admitted.reserved:
+            await release_credit(gw.kube, who.namespace, name)
         if existing is None or not label:
             raise APIError(
                 409, "The batch is being created concurrently; retry.", code="conflict"
             ) from exc
+        if admitted.reserved:  # this request's reservation holds the winner's batch
+            metrics.CREDITS_RESERVED.inc(float(admitted.estimate.amount))
         return _replay(existing, fingerprint)
-    except BaseException:
-        if admitted.reserved:
-            with contextlib.suppress(Exception):
-                await release_credit(gw.kube, who.namespace, name)
-        raise
     gw.reads.put("batches", who.namespace, name, created)
     metrics.BATCHES_CREATED.inc()
     if admitted.reserved:
@@ -990,11 +994,7 @@ async def cancel_batch(batch_id: str, who: Writer, gw: GW) -> Response:
 
 
 def _catalog_max_requests(spec: dict[str, Any]) -> int:
-    limit = (spec.get("limits") or {}).get("maxRequests")
-    if isinstance(limit, int):
-        return limit
-    private = (spec.get("billing") or {}).get("mode") == "GPUTime"
-    return PRIVATE_MAX_REQUESTS if private else CATALOG_MAX_REQUESTS
+    return max_requests(BatchPoolSpec.model_validate(spec))
 
 
 def model_catalog(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
