@@ -351,3 +351,15 @@ def test_pure_checks() -> None:
     assert chosen is not None
     assert chosen["metadata"]["name"] == "b"
     assert admission.choose_pool(pools, "missing") is None
+
+
+def test_a_pool_spec_the_models_reject_is_left_out_of_the_catalog() -> None:
+    from llmbatch.gateway.app import model_catalog
+
+    good = {"metadata": {"name": "a"}, "spec": {"models": [{"name": "m1", "source": "/m"}]}}
+    bad = {
+        "metadata": {"name": "b"},
+        "spec": {"models": [{"name": "m2", "source": "/m"}], "maxSlots": 0},
+    }
+    ids = [entry["id"] for entry in model_catalog([good, bad])]
+    assert ids == ["m1"]

@@ -993,8 +993,13 @@ async def cancel_batch(batch_id: str, who: Writer, gw: GW) -> Response:
 # --- models ------------------------------------------------------------------------------------
 
 
-def _catalog_max_requests(spec: dict[str, Any]) -> int:
-    return max_requests(BatchPoolSpec.model_validate(spec))
+def _catalog_max_requests(spec: dict[str, Any]) -> int | None:
+    """The pool's per-batch request cap; None for a spec the models reject (not served)."""
+    try:
+        return max_requests(BatchPoolSpec.model_validate(spec))
+    except PydanticValidationError as exc:
+        log.warning("pool spec not understood, left out of /v1/models: %s", exc)
+        return None
 
 
 def model_catalog(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1016,6 +1021,9 @@ def model_catalog(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "output_per_million": pricing.get("outputPerMillion", "0"),
             }
         limits = spec.get("limits") or {}
+        cap = _catalog_max_requests(spec)
+        if cap is None:
+            continue
         for model in spec.get("models") or []:
             model_id = str(model.get("name") or "")
             if not model_id:
@@ -1039,7 +1047,7 @@ def model_catalog(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "tiers": tiers,
                         "expedited": "expedited" in tiers,
                         "limits": {
-                            "max_requests": _catalog_max_requests(spec),
+                            "max_requests": cap,
                             "max_bytes": limits.get("maxBytes", 268435456),
                         },
                     },
