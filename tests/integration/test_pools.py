@@ -88,7 +88,8 @@ def test_preemption_lets_expedited_start_at_once_without_duplicates(
     )["status"]
     still = get_batch(cluster, namespace, standard)["status"]
     assert still["status"] == "in_progress", "the expedited batch had to wait for the slot"
-    assert exp_status["requestCounts"]["completed"] == 4
+    errors = read_lines(operator_process, namespace, exp_status.get("errorFileID"))
+    assert exp_status["requestCounts"]["completed"] == 4, (errors, exp_status.get("shards"))
     final = wait_status(cluster, operator_process, namespace, standard, {"completed"}, timeout=300)[
         "status"
     ]
