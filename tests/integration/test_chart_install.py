@@ -37,6 +37,7 @@ from tests.fixtures.chart import (
     render,
 )
 from tests.fixtures.cluster import kubectl, start_cluster
+from tests.fixtures.operator import simulated_pool
 
 WORKERS = "llmbatch-workers"
 TENANT = "team-chart"
@@ -234,28 +235,7 @@ def test_live_rbac_matches_golden_rules(install: Install) -> None:
 
 def test_batch_completes_under_the_chart_rbac(install: Install) -> None:
     install.kubectl("create", "namespace", TENANT)
-    install.apply(
-        {
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "BatchPool",
-            "metadata": {"name": POOL},
-            "spec": {
-                "models": [{"name": MODEL, "source": "simulated"}],
-                "workerNamespace": WORKERS,
-                "gpusPerSlot": 1,
-                "maxSlots": 2,
-                "shardRequests": 10,
-                "throughputPerSlot": "100",
-                "executor": {
-                    "engine": "simulated",
-                    "engineArgs": ["--latency-seconds=0.01"],
-                    "flushLines": 5,
-                    "flushSeconds": 1,
-                    "terminationGraceSeconds": 10,
-                },
-            },
-        }
-    )
+    install.apply(simulated_pool(POOL, MODEL, worker_namespace=WORKERS))
     name = install.submit(20)
     batch = install.wait_status(name, "completed")
     status = batch["status"]
