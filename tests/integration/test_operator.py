@@ -463,6 +463,10 @@ def test_failing_shard_becomes_shard_failed_lines(
     assert "shard failed" in failed[0]["error"]["message"]
     assert_accounted(status, outputs, errors)
     assert all(s["phase"] == "Failed" for s in status["shards"])
+    events = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "reason=ShardFailed"
+    )
+    assert "its unfinished requests become shard_failed" in events
 
 
 def test_operator_killed_after_job_creation_resumes_exactly(

@@ -653,7 +653,15 @@ class BatchReconciler:
                 )
                 shard["job"] = job["metadata"]["name"]
             if job is not None:
+                before = shard["phase"]
                 self._observe_job(shard, job, pool_name, now)
+                if shard["phase"] == "Failed" and before != "Failed":
+                    result.event(
+                        "ShardFailed",
+                        f"Shard {index} failed; its unfinished requests become shard_failed "
+                        f"error lines: {shard.get('message') or 'the shard did not finish'}"[:1024],
+                        warning=True,
+                    )
         if shards != status.get("shards"):
             result.status["shards"] = shards
         if all(s["phase"] in ("Succeeded", "Failed") for s in shards):
