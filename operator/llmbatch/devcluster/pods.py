@@ -321,7 +321,9 @@ class PodRunner:
 
     def _kill_all(self, sig: int) -> None:
         for c in [*self.init_containers, *self.containers]:
-            if c.proc is not None:
+            # A reaped container's group was killed when it exited (_run_once); its pid may
+            # since belong to another process, so it is never signalled again.
+            if c.proc is not None and c.proc.returncode is None:
                 signal_group(c.proc.pid, sig)
 
     async def _deadline(self) -> None:
