@@ -530,7 +530,8 @@ def test_fs_concurrent_put_and_delete_in_one_directory(fs_store: FilesystemStore
 
     def churn(i: int) -> None:
         try:
-            for j in range(100):
+            for j in range(300):
+                # two levels, so mkdir(parents=True) races a prune of the grandparent too
                 fs_store.put(f"shared/dir/{i}-{j}", b"x")
                 fs_store.delete(f"shared/dir/{i}-{j}")
         except BaseException as exc:
@@ -780,3 +781,23 @@ def test_fs_list_matches_s3_key_order(keys: list[str], prefix: str) -> None:
             )
             return
         assert listed == expected
+
+
+def test_fs_put_retries_when_a_prune_races_mkdir(
+    fs_store: FilesystemStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mkdir(parents=True) raises FileNotFoundError when a delete prunes the grandparent it
+    just made; the put makes the directories again instead of failing."""
+    real_mkdir = pathlib.Path.mkdir
+    calls: list[pathlib.Path] = []
+
+    def racing_mkdir(self: pathlib.Path, *args: Any, **kwargs: Any) -> None:
+        calls.append(self)
+        if len(calls) == 1:
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", racing_mkdir)
+    fs_store.put("a/b/key", b"x")
+    assert fs_store.get("a/b/key") == b"x"
+    assert len(calls) >= 2

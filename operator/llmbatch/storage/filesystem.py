@@ -139,6 +139,10 @@ class FilesystemStore(ObjectStore):
         for _ in range(10):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
+            except FileNotFoundError:
+                # mkdir(parents=True) made a grandparent that a delete pruned before the
+                # parent could be made in it
+                continue
             except (FileExistsError, NotADirectoryError) as exc:
                 if self._object_above(path):
                     raise StoreError(f"put {key}: a parent of the key is an object") from exc
