@@ -264,7 +264,15 @@ class ShardRunner:
                 return
             batch = self.results.take_pending()
             self._last_commit = time.monotonic()
-            await asyncio.to_thread(self.results.commit, batch)
+            write = asyncio.ensure_future(asyncio.to_thread(self.results.commit, batch))
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # A cancelled caller (the flush timer at shutdown) keeps the lock until the
+                # thread has written the chunk, so the final commit and the progress record
+                # are written strictly after it.
+                await write
+                raise
 
     def _sync_stats(self) -> None:
         p = self.results.progress
