@@ -139,6 +139,23 @@ def make_batch(
     return name
 
 
+def batch_file(namespace: str, file_id: str, size: int, storage_key: str) -> dict[str, Any]:
+    """A BatchFile manifest for an input whose bytes the test put in the store itself."""
+    return {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "BatchFile",
+        "metadata": {"name": file_id, "namespace": namespace},
+        "spec": {
+            "id": file_id,
+            "bytes": size,
+            "filename": "input.jsonl",
+            "purpose": "batch",
+            "storageKey": storage_key,
+            "createdAt": int(time.time()),
+        },
+    }
+
+
 def get_batch(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
     result: dict[str, Any] = kubectl_json(cluster, "get", "batch", name, "-n", namespace)
     return result
@@ -289,21 +306,7 @@ def test_invalid_input_fails_without_jobs(
     data = ("\n".join(lines) + "\n").encode()
     store_of(operator_process).put(file_key(namespace, file_id), data)
     apply(
-        cluster,
-        tmp_path,
-        {
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "BatchFile",
-            "metadata": {"name": file_id, "namespace": namespace},
-            "spec": {
-                "id": file_id,
-                "bytes": len(data),
-                "filename": "bad.jsonl",
-                "purpose": "batch",
-                "storageKey": file_key(namespace, file_id),
-                "createdAt": int(time.time()),
-            },
-        },
+        cluster, tmp_path, batch_file(namespace, file_id, len(data), file_key(namespace, file_id))
     )
     name = make_batch(cluster, tmp_path, namespace, pool=pool, input_file_id=file_id)
     batch = wait_status(cluster, operator_process, namespace, name, {"failed", "in_progress"})
@@ -337,23 +340,8 @@ def test_batch_file_pointing_at_another_tenants_bytes_is_refused(
     )
     store_of(operator_process).put(file_key("other-tenant", victim), f"{secret}\n".encode())
     file_id = f"file-{uuid.uuid4().hex}"
-    apply(
-        cluster,
-        tmp_path,
-        {
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "BatchFile",
-            "metadata": {"name": file_id, "namespace": namespace},
-            "spec": {
-                "id": file_id,
-                "bytes": len(secret) + 1,
-                "filename": "stolen.jsonl",
-                "purpose": "batch",
-                "storageKey": file_key("other-tenant", victim),
-                "createdAt": int(time.time()),
-            },
-        },
-    )
+    stolen = batch_file(namespace, file_id, len(secret) + 1, file_key("other-tenant", victim))
+    apply(cluster, tmp_path, stolen)
     name = make_batch(cluster, tmp_path, namespace, pool=pool, input_file_id=file_id)
     status = wait_status(cluster, operator_process, namespace, name, {"failed", "in_progress"})[
         "status"
