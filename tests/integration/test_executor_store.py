@@ -3,11 +3,13 @@ and its retry leave exactly one result line per custom_id. Simulated engine: no 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +17,10 @@ import orjson
 
 from llmbatch.executor.exitcodes import ExitCode
 from llmbatch.storage import open_store
-from llmbatch.storage.shardresults import list_chunks, read_progress
+from llmbatch.storage.base import ObjectInfo
+from llmbatch.storage.s3 import S3Store
+from llmbatch.storage.shardresults import ShardResults, list_chunks, read_progress, result_line
+from tests.fixtures.s3server import S3Server
 
 PREFIX = "work/u-store/shards/00003"
 
@@ -86,3 +91,59 @@ def test_sigkill_and_resume_on_each_backend(store_uri: str, tmp_path: Path) -> N
     assert progress.done
     assert progress.completed == n
     assert progress.attempts == 2
+
+
+class _RacingS3Store(S3Store):
+    """The real S3 store whose chunk-key ``head`` waits at a barrier: two writers both see a
+    chunk number free before either writes — the race of two runners of one shard (a replaced
+    pod still terminating) on a server without conditional writes."""
+
+    barrier: threading.Barrier
+
+    def head(self, key: str) -> ObjectInfo | None:
+        found = super().head(key)
+        if "/output-" in key:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                self.barrier.wait(timeout=5)
+        return found
+
+
+def test_racing_writers_never_overwrite_a_chunk_without_conditional_writes(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    uri = s3_server.uri(s3_bucket, conditional_writes="emulate")
+    config = open_store(uri)
+    assert isinstance(config, S3Store)
+    assert not config.atomic_if_absent()
+    barrier = threading.Barrier(2)
+    writers = []
+    for name in ("a", "b"):
+        store = _RacingS3Store(config.config)
+        store.barrier = barrier
+        results = ShardResults(store, PREFIX, batch_id="batch_x", shard_index=3)
+        results.recover()
+        results.add(
+            result_line(
+                line_id=f"batch_req_{name}",
+                custom_id=f"req-{name}",
+                status_code=200,
+                request_id=f"req_{name}",
+                body={"usage": {"prompt_tokens": 1, "completion_tokens": 1}},
+            )
+        )
+        writers.append(results)
+    threads = [threading.Thread(target=lambda r=r: r.commit(r.take_pending())) for r in writers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    keys = list_chunks(config, PREFIX, "output")
+    assert len(keys) == 2, keys  # one chunk per writer: neither replaced the other
+    found = sorted(
+        orjson.loads(raw)["custom_id"] for key in keys for raw in config.get(key).splitlines()
+    )
+    assert found == ["req-a", "req-b"]
+    # A third runner (the retry) reads both and skips both.
+    third = ShardResults(config, PREFIX, batch_id="batch_x", shard_index=3)
+    third.recover()
+    assert third.done_ids == {"req-a", "req-b"}

@@ -13,7 +13,8 @@ from llmbatch.api.openai import BatchOutputLine
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
 from llmbatch.executor.engines.simulated import SimulatedEngine
-from llmbatch.executor.runner import Outcome, ShardRunner
+from llmbatch.executor.runner import Outcome, RunnerCrashed, ShardRunner
+from llmbatch.storage.base import StoreError
 from llmbatch.storage.shardresults import list_chunks, read_progress
 from tests.unit.test_executor_chunks import MemoryStore
 
@@ -251,3 +252,81 @@ def test_spec_rejects_nonsense() -> None:
         _spec(engine={"name": "nope"})
     assert _spec(output_prefix="a/b/").output_prefix == "a/b"
     assert json.loads(_spec().model_dump_json())["engine"]["name"] == "simulated"
+
+
+class FlakyStore(MemoryStore):
+    """A MemoryStore whose puts of keys containing ``fail_on`` raise ``failures`` times."""
+
+    def __init__(self, fail_on: str, failures: int) -> None:
+        super().__init__()
+        self.fail_on = fail_on
+        self.failures = failures
+        self.refused = 0
+
+    def put(self, key: str, data: Any, *, if_absent: bool = False) -> Any:
+        if self.fail_on in key and self.refused < self.failures:
+            self.refused += 1
+            raise StoreError(f"injected: 503 SlowDown on {key}")
+        return super().put(key, data, if_absent=if_absent)
+
+
+def test_a_failed_chunk_commit_is_retried_and_loses_nothing() -> None:
+    # The first put of output-00000 fails once (a transient store error). Before the fix the
+    # commit task took the lines out of the buffer, died silently, and the run still said done
+    # with 2 of 4 results committed.
+    store = FlakyStore("output-00000", failures=1)
+    store.put("in.jsonl", _input([_request(i) for i in range(4)]))
+    outcome, _runner = _run(store, _spec(flush_lines=2, flush_seconds=30))
+    assert outcome is Outcome.DONE
+    assert store.refused == 1
+    ids = sorted(line["custom_id"] for line in _lines(store, "output"))
+    assert ids == ["r0", "r1", "r2", "r3"]
+    progress = read_progress(store, PREFIX)
+    assert progress is not None
+    assert progress.done
+    assert progress.completed == 4
+
+
+def test_a_store_that_stays_down_ends_the_run_store_failed_never_done() -> None:
+    store = FlakyStore("output-", failures=10**6)
+    store.put("in.jsonl", _input([_request(i) for i in range(6)]))
+    outcome, runner = _run(store, _spec(flush_lines=2, flush_seconds=30, store_retry_seconds=0.3))
+    assert outcome is Outcome.STORE_FAILED
+    assert runner.message is not None
+    assert "injected" in runner.message
+    assert _lines(store, "output") == []
+    progress = read_progress(store, PREFIX)
+    assert progress is not None
+    assert not progress.done
+    assert progress.state == "failed"
+    # The next run (the Job's retry) resumes and commits every result exactly once.
+    store.failures = 0
+    outcome, _ = _run(store, _spec(flush_lines=2, flush_seconds=30))
+    assert outcome is Outcome.DONE
+    assert sorted(line["custom_id"] for line in _lines(store, "output")) == [
+        f"r{i}" for i in range(6)
+    ]
+
+
+def test_a_crashed_request_task_is_never_lost() -> None:
+    # An engine answer the runner cannot serialise makes the request's task raise. Before the
+    # fix the exception vanished with the task and the run reported done without that result.
+    class OddEngine(SimulatedEngine):
+        async def handle(self, request: Any) -> Any:
+            result = await super().handle(request)
+            if request.custom_id == "r1":
+                result.body["odd"] = {1, 2}  # not JSON
+            return result
+
+    store = MemoryStore()
+    store.put("in.jsonl", _input([_request(i) for i in range(3)]))
+    spec = _spec()
+
+    async def go() -> None:
+        runner = ShardRunner(spec, OddEngine({}, spec.served_names()), store)
+        await runner.run()
+
+    with pytest.raises(RunnerCrashed):
+        asyncio.run(go())
+    progress = read_progress(store, PREFIX)
+    assert progress is None or not progress.done

@@ -81,6 +81,12 @@ class ShardSpec(BaseModel):
     drain_seconds: float = Field(
         default=10.0, ge=0, description="On SIGTERM, wait this long for in-flight requests."
     )
+    store_retry_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="Retry a failed chunk commit this long (with backoff) before the run ends "
+        "with STORE_FAILED; the uncommitted results are kept until then, never dropped.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ShardSpec:

@@ -359,6 +359,7 @@ async def _run(
         Outcome.DONE: ExitCode.DONE,
         Outcome.PREEMPTED: ExitCode.PREEMPTED,
         Outcome.ENGINE_FAILED: ExitCode.ENGINE_FAILED,
+        Outcome.STORE_FAILED: ExitCode.STORE_FAILED,
     }[outcome]
     for runner in runners:
         if runner.message:

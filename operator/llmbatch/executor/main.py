@@ -85,7 +85,7 @@ async def run_shards(
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-    for worst in (Outcome.ENGINE_FAILED, Outcome.PREEMPTED):
+    for worst in (Outcome.ENGINE_FAILED, Outcome.STORE_FAILED, Outcome.PREEMPTED):
         if worst in outcomes:
             return worst, runners
     return Outcome.DONE, runners
@@ -140,6 +140,8 @@ async def _execute(spec: ShardSpec) -> ExitCode:
     )
     if outcome is Outcome.ENGINE_FAILED:
         raise ShardFailure(ExitCode.ENGINE_FAILED, runner.message or "engine failed")
+    if outcome is Outcome.STORE_FAILED:
+        raise ShardFailure(ExitCode.STORE_FAILED, runner.message or "store failed")
     if outcome is Outcome.PREEMPTED:
         raise ShardFailure(ExitCode.PREEMPTED, runner.message or "preempted")
     return ExitCode.DONE

@@ -7,7 +7,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +25,8 @@ from llmbatch.executor.engines.base import (
     EngineResult,
     error_body,
 )
-from llmbatch.storage.base import ObjectStore
-from llmbatch.storage.shardresults import ResultLine, ShardResults, result_line
+from llmbatch.storage.base import ObjectStore, StoreError
+from llmbatch.storage.shardresults import CommitFailed, ResultLine, ShardResults, result_line
 
 log = logging.getLogger("llmbatch.executor")
 
@@ -37,6 +37,13 @@ class Outcome(enum.Enum):
     DONE = "done"
     PREEMPTED = "preempted"
     ENGINE_FAILED = "engine_failed"
+    STORE_FAILED = "store_failed"
+    """Results could not be committed within the retry window: the run ends so the Job retries
+    and the next run resumes from the committed chunks."""
+
+
+class RunnerCrashed(RuntimeError):
+    """A task of the run raised unexpectedly (a bug): the run ends, nothing counts as done."""
 
 
 @dataclass
@@ -75,6 +82,8 @@ class ShardRunner:
         self.message: str | None = None
         self._stopping = False
         self._engine_failure: str | None = None
+        self._store_failure: str | None = None
+        self._crash: BaseException | None = None
         self._cond: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._commit_tasks: set[asyncio.Task[None]] = set()
@@ -108,9 +117,36 @@ class ShardRunner:
 
         asyncio.get_running_loop().create_task(notify())
 
+    def _fail_store(self, reason: str) -> None:
+        if self._store_failure is None:
+            log.error("shard %s: results cannot be committed: %s", self.spec.shard_index, reason)
+            self._store_failure = reason
+        self._wake()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """Done callback of every task of the run: an exception is never dropped."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        if self._crash is None:
+            log.error("shard %s: task crashed", self.spec.shard_index, exc_info=exc)
+            self._crash = exc
+        self._wake()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], into: set[asyncio.Task[None]]) -> None:
+        task = asyncio.create_task(coro)
+        into.add(task)  # keep a reference until done
+        task.add_done_callback(into.discard)
+        task.add_done_callback(self._task_done)
+
     @property
     def _halted(self) -> bool:
-        return self._stopping or self._engine_failure is not None
+        return (
+            self._stopping
+            or self._engine_failure is not None
+            or self._store_failure is not None
+            or self._crash is not None
+        )
 
     # --- main ------------------------------------------------------------------------------------
 
@@ -130,10 +166,16 @@ class ShardRunner:
         finally:
             for task in background:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            for failed in await asyncio.gather(*background, return_exceptions=True):
+                if isinstance(failed, Exception) and self._crash is None:
+                    self._crash = failed
         if self._commit_tasks:
-            await asyncio.gather(*self._commit_tasks)
+            await asyncio.gather(*self._commit_tasks, return_exceptions=True)
         await self._commit()
+        if self._crash is not None:
+            raise RunnerCrashed(f"{type(self._crash).__name__}: {self._crash}") from self._crash
+        if self._store_failure is not None:
+            return await self._end_store_failed()
         # A stop request wins over an engine failure that follows it (Ctrl-C reaches the engine
         # core's process group too and kills it: that is not an engine fault).
         if self._stopping:
@@ -156,6 +198,18 @@ class ShardRunner:
         )
         self._sync_stats()
         return outcome
+
+    async def _end_store_failed(self) -> Outcome:
+        """Never report ``done`` with results uncommitted: say why (best effort, the store is
+        failing) and let the Job retry; the next run skips what the chunks hold."""
+        self.message = f"store failed: {self._store_failure}"
+        try:
+            await asyncio.to_thread(
+                self.results.write_progress, state="failed", done=False, message=self.message
+            )
+        except StoreError as exc:
+            log.warning("shard %s: progress record not written: %s", self.spec.shard_index, exc)
+        return Outcome.STORE_FAILED
 
     async def _feed(self) -> bool:
         """Read the range and start requests; True when the whole range was read."""
@@ -182,15 +236,13 @@ class ShardRunner:
             if self.stats.in_flight == 0:
                 self._last_result = time.monotonic()  # the watchdog times from the first request
             self.stats.in_flight += 1
-            task = asyncio.create_task(self._run_one(parsed))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._run_one(parsed), self._tasks)
         return not self._halted
 
     async def _drain(self) -> None:
         """Wait for in-flight requests: all of them normally, a grace period when stopping."""
         while self._tasks:
-            if self._engine_failure is not None:
+            if self._engine_failure is not None or self._store_failure is not None:
                 break
             timeout = self.spec.drain_seconds if self._stopping else 1.0
             _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
@@ -253,26 +305,46 @@ class ShardRunner:
         else:
             self.stats.failed += 1
         if self.results.pending_count >= self.spec.flush_lines and not self._commit_tasks:
-            task = asyncio.create_task(self._commit())
-            self._commit_tasks.add(task)  # keep a reference until done
-            task.add_done_callback(self._commit_tasks.discard)
+            self._spawn(self._commit(), self._commit_tasks)
 
     async def _commit(self) -> None:
+        """Commit the pending results as chunks; a failed write keeps them pending and is
+        retried with backoff for ``store_retry_seconds``, then the run is halted with
+        STORE_FAILED (never a dropped result, never ``done`` with results uncommitted)."""
         assert self._commit_lock is not None
         async with self._commit_lock:
-            if self.results.pending_count == 0:
-                return
-            batch = self.results.take_pending()
-            self._last_commit = time.monotonic()
-            write = asyncio.ensure_future(asyncio.to_thread(self.results.commit, batch))
+            delay = 0.25
+            deadline = time.monotonic() + self.spec.store_retry_seconds
+            while self.results.pending_count:
+                self._last_commit = time.monotonic()
+                try:
+                    await self._commit_once()
+                    return
+                except CommitFailed as exc:
+                    self.results.restore(exc.unwritten)
+                    if self._store_failure is not None or time.monotonic() >= deadline:
+                        self._fail_store(str(exc.cause))
+                        return
+                    log.warning(
+                        "shard %s: %s; retrying in %.2f s", self.spec.shard_index, exc, delay
+                    )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _commit_once(self) -> None:
+        batch = self.results.take_pending()
+        write = asyncio.ensure_future(asyncio.to_thread(self.results.commit, batch))
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            # A cancelled caller (the flush timer at shutdown) keeps the lock until the thread
+            # has written the chunk, so the final commit and the progress record are written
+            # strictly after it; lines it could not write go back to the pending ones.
             try:
-                await asyncio.shield(write)
-            except asyncio.CancelledError:
-                # A cancelled caller (the flush timer at shutdown) keeps the lock until the
-                # thread has written the chunk, so the final commit and the progress record
-                # are written strictly after it.
                 await write
-                raise
+            except CommitFailed as exc:
+                self.results.restore(exc.unwritten)
+            raise
 
     def _sync_stats(self) -> None:
         p = self.results.progress

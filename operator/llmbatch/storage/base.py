@@ -144,6 +144,14 @@ class ObjectStore(abc.ABC):
         nothing is written. The returned info always carries the sha256 of what was written.
         """
 
+    def atomic_if_absent(self) -> bool:
+        """Whether ``put(..., if_absent=True)`` is atomic: of two racing creates exactly one wins.
+
+        True unless a backend says otherwise (S3 without conditional writes checks, then puts:
+        both racers can pass the check and the later put replaces the earlier object).
+        """
+        return True
+
     @abc.abstractmethod
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of the object (``end=None``: to the end)."""

@@ -165,6 +165,9 @@ class S3Store(ObjectStore):
                     self._native_conditional = self._probe_conditional_writes()
         return self._native_conditional
 
+    def atomic_if_absent(self) -> bool:
+        return self.uses_native_conditional_writes()
+
     def _probe_conditional_writes(self) -> bool:
         probe = f"{self.prefix}{RESERVED_SEGMENT_PREFIX}probe/{uuid.uuid4().hex}"
         try:

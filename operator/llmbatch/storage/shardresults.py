@@ -19,24 +19,31 @@ other one already committed, and takes the next free number.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmbatch.storage.base import ObjectExists, ObjectStore
+from llmbatch.storage.base import ObjectExists, ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
 
 ChunkKind = Literal["output", "errors"]
+_KINDS: tuple[ChunkKind, ...] = ("output", "errors")
 PROGRESS_NAME = "progress.json"
 PROGRESS_VERSION = 1
-_CHUNK_NAME = re.compile(r"^(output|errors)-(\d{5,})\.jsonl$")
+_CHUNK_NAME = re.compile(r"^(output|errors)-(\d{5,})(?:-[0-9a-f]{8,32})?\.jsonl$")
 
 
-def chunk_key(prefix: str, kind: ChunkKind, seq: int) -> str:
-    return f"{prefix}/{kind}-{seq:05d}.jsonl"
+def chunk_key(prefix: str, kind: ChunkKind, seq: int, writer: str | None = None) -> str:
+    """``P/output-00003.jsonl``, or ``P/output-00003-<writer>.jsonl`` for a writer-unique key."""
+    suffix = f"-{writer}" if writer else ""
+    return f"{prefix}/{kind}-{seq:05d}{suffix}.jsonl"
 
 
 def parse_chunk_key(prefix: str, key: str) -> tuple[ChunkKind, int] | None:
@@ -138,6 +145,16 @@ class _Pending:
     lines: list[ResultLine] = field(default_factory=list)
 
 
+class CommitFailed(StoreError):
+    """A chunk write failed; ``unwritten`` holds every line not committed (give it back with
+    :meth:`ShardResults.restore`: a failed write never drops a result)."""
+
+    def __init__(self, unwritten: dict[ChunkKind, list[ResultLine]], cause: Exception) -> None:
+        super().__init__(f"chunk commit failed: {cause}")
+        self.unwritten = unwritten
+        self.cause = cause
+
+
 class ShardResults:
     """The committed chunks of one shard plus the results not yet committed.
 
@@ -153,6 +170,12 @@ class ShardResults:
         self._known: dict[str, ChunkRecord] = {}
         self._next_seq: dict[ChunkKind, int] = {"output": 0, "errors": 0}
         self._pending: dict[ChunkKind, _Pending] = {"output": _Pending(), "errors": _Pending()}
+        #: On a store whose create-if-absent is not atomic (S3 without conditional writes), two
+        #: executors could both "create" one chunk key and the later put would replace the
+        #: earlier chunk. Each writer then names its chunks with its own random token, so no put
+        #: can replace another writer's chunk; duplicates across writers are dropped by custom_id
+        #: when chunks are scanned and merged.
+        self.writer: str | None = None if store.atomic_if_absent() else uuid.uuid4().hex[:16]
 
     # --- reading what is committed -------------------------------------------------------------
 
@@ -225,41 +248,69 @@ class ShardResults:
         self._pending = {"output": _Pending(), "errors": _Pending()}
         return taken
 
+    def restore(self, unwritten: dict[ChunkKind, list[ResultLine]]) -> None:
+        """Put lines a failed :meth:`commit` did not write back in front of the pending ones."""
+        for kind, lines in unwritten.items():
+            self._pending[kind].lines[:0] = lines
+
     def commit(self, batch: dict[ChunkKind, list[ResultLine]]) -> None:
-        """Write each non-empty kind as a new chunk, then rewrite the progress record."""
+        """Write each non-empty kind as a new chunk, then rewrite the progress record.
+
+        A failed chunk write raises :class:`CommitFailed` with every line not yet written; a
+        failed progress write only logs (the chunks are the truth, the record catches up at the
+        next commit and the final record is written by the runner).
+        """
         wrote = False
-        for kind in ("output", "errors"):
-            lines = batch.get(kind) or []
+        for position, kind in enumerate(_KINDS):
+            lines: list[ResultLine] | None = batch.get(kind) or []
             while lines:
-                seq = self._next_seq[kind]
-                key = chunk_key(self.prefix, kind, seq)
-                data = b"".join(line.data for line in lines)
                 try:
-                    info = self.store.put(key, data, if_absent=True)
-                except ObjectExists:
-                    # Another executor committed this number: adopt its chunks, drop duplicates.
-                    taken = self._scan()
-                    lines = [line for line in lines if line.custom_id not in taken]
-                    for other in ("output", "errors"):
-                        rest = batch.get(other) or []
-                        batch[other] = [line for line in rest if line.custom_id not in taken]
-                    continue
-                self._known[key] = ChunkRecord(
-                    key=key,
-                    kind=kind,
-                    seq=seq,
-                    lines=len(lines),
-                    bytes=info.size,
-                    input_tokens=sum(line.input_tokens for line in lines),
-                    output_tokens=sum(line.output_tokens for line in lines),
-                    total_tokens=sum(line.total_tokens for line in lines),
-                )
-                self._next_seq[kind] = seq + 1
-                wrote = True
-                lines = []
+                    lines = self._write_chunk(kind, lines, batch)
+                except Exception as exc:
+                    # A write that failed may still have landed (a timeout after the server
+                    # stored it): the retry then finds the number taken and adopts the chunk.
+                    if wrote:
+                        self._recount()
+                    unwritten: dict[ChunkKind, list[ResultLine]] = {kind: lines or []}
+                    for later in _KINDS[position + 1 :]:
+                        unwritten[later] = batch.get(later) or []
+                    raise CommitFailed(unwritten, exc) from exc
+                wrote = wrote or lines is None
         if wrote:
             self._recount()
-            self.write_progress()
+            try:
+                self.write_progress()
+            except StoreError as exc:
+                log.warning("%s: progress record not written (%s); chunks are", self.prefix, exc)
+
+    def _write_chunk(
+        self, kind: ChunkKind, lines: list[ResultLine], batch: dict[ChunkKind, list[ResultLine]]
+    ) -> list[ResultLine] | None:
+        """Write ``lines`` as the next chunk of ``kind``: None once written, else the lines still
+        to write (another executor took the number: its results are dropped from ``batch``)."""
+        seq = self._next_seq[kind]
+        key = chunk_key(self.prefix, kind, seq, self.writer)
+        data = b"".join(line.data for line in lines)
+        try:
+            info = self.store.put(key, data, if_absent=True)
+        except ObjectExists:
+            taken = self._scan()
+            for other in _KINDS:
+                rest = batch.get(other) or []
+                batch[other] = [line for line in rest if line.custom_id not in taken]
+            return [line for line in lines if line.custom_id not in taken]
+        self._known[key] = ChunkRecord(
+            key=key,
+            kind=kind,
+            seq=seq,
+            lines=len(lines),
+            bytes=info.size,
+            input_tokens=sum(line.input_tokens for line in lines),
+            output_tokens=sum(line.output_tokens for line in lines),
+            total_tokens=sum(line.total_tokens for line in lines),
+        )
+        self._next_seq[kind] = seq + 1
+        return None
 
     def write_progress(self, **changes: Any) -> None:
         for name, value in changes.items():
