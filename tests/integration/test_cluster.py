@@ -506,7 +506,7 @@ def test_expansion_matches_kubelet(text: str, expected: str) -> None:
 
 
 def test_quantities_and_python_resolution() -> None:
-    from llmbatch.devcluster.pods import parse_quantity, resolve_command
+    from llmbatch.devcluster.podenv import parse_quantity, resolve_command
 
     assert parse_quantity("500m") == Decimal("0.5")
     assert parse_quantity("4Gi") == 4 * 2**30

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmbatch.devcluster.cluster import DevCluster, DevClusterError
 from llmbatch.devcluster.config import ClusterConfig, ComponentSpec, NodeSpec, gpu_nodes
+from llmbatch.devcluster.containers import TERMINATION_MESSAGE_ENV
 from llmbatch.devcluster.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -20,7 +21,6 @@ from llmbatch.devcluster.controlplane import (
     repo_root,
     testcluster_binary,
 )
-from llmbatch.devcluster.pods import TERMINATION_MESSAGE_ENV
 from llmbatch.devcluster.procs import MARKER_ENV
 
 if TYPE_CHECKING:

@@ -20,7 +20,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from llmbatch.devcluster.config import NodeSpec
 from llmbatch.devcluster.logserver import LogServer
-from llmbatch.devcluster.pods import JSON, PodContext, PodRunner, decode_secret, now_rfc3339
+from llmbatch.devcluster.podcontext import JSON, PodContext, now_rfc3339
+from llmbatch.devcluster.podenv import decode_secret
+from llmbatch.devcluster.pods import PodRunner
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,152 @@
+"""The node agent's pod runner with real processes (no API server: the context records what the
+runner would send)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmbatch.devcluster.pods import PodContext, PodRunner
+
+JSON = dict[str, Any]
+
+
+class Recorder:
+    """Stands in for the node agent's API calls (a unit test of the runner, not of the API)."""
+
+    def __init__(self) -> None:
+        self.statuses: list[JSON] = []
+        self.events: list[tuple[str, str]] = []
+        self.deleted: list[str] = []
+
+    async def read_object(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        return None
+
+    async def write_status(self, namespace: str, name: str, body: JSON) -> bool:
+        self.statuses.append(body["status"])
+        return True
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        self.deleted.append(name)
+
+    async def record_event(self, pod: JSON, kind: str, reason: str, message: str) -> None:
+        self.events.append((reason, message))
+
+    def context(self, pods_dir: Path) -> PodContext:
+        return PodContext(
+            pods_dir=pods_dir,
+            node_allocatable={"cpu": "32", "memory": "256Gi"},
+            base_env={"PATH": os.environ["PATH"]},
+            marker=f"unit-test-{os.getpid()}",
+            read_object=self.read_object,
+            write_status=self.write_status,
+            delete_pod=self.delete_pod,
+            record_event=self.record_event,
+        )
+
+
+def pod(containers: list[JSON], **spec: Any) -> JSON:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "0123456789abcdef"},
+        "spec": {"restartPolicy": "Never", "containers": containers, **spec},
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def unreaped_child(pid: int) -> bool:
+    """Is ``pid`` still a child of this process that nobody has reaped (running or zombie)?"""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+@pytest.fixture
+def signals(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:
+    """Every killpg the runner sends: (pgid, signal, was the group leader still unreaped)."""
+    sent: list[tuple[int, int, bool]] = []
+    real = os.killpg
+
+    def spy(pgid: int, sig: int) -> None:
+        sent.append((pgid, sig, unreaped_child(pgid)))
+        real(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", spy)
+    return sent
+
+
+async def wait_until(check: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_a_reaped_container_is_never_signalled(
+    tmp_path: Path, signals: list[tuple[int, int, bool]]
+) -> None:
+    """The pid of a reaped container may already belong to another process (pid_max is 32768):
+    its group is killed while the exited leader is still a zombie, and never signalled after."""
+    quick = {
+        "name": "quick",
+        "command": ["sh", "-c", "exit 0"],
+        # The prober runs until the process is gone: the group kill comes after it returns.
+        "readinessProbe": {"tcpSocket": {"port": free_port()}, "periodSeconds": 1},
+    }
+    slow = {"name": "slow", "command": ["sleep", "30"]}
+
+    async def scenario() -> PodRunner:
+        runner = PodRunner(pod([quick, slow]), Recorder().context(tmp_path))
+        runner.start()
+        await wait_until(lambda: runner.containers[0].done)
+        runner.request_stop(1.0)
+        assert runner.task is not None
+        await runner.task
+        return runner
+
+    runner = asyncio.run(scenario())
+    late = [(pgid, sig) for pgid, sig, unreaped in signals if not unreaped]
+    assert not late, f"signalled after the leader was reaped: {late}"
+    quick_pid = int(runner.containers[0].state["terminated"]["containerID"].split("//")[1])
+    # Like a container's PID namespace, the exited container's group was killed (once).
+    assert [s for s in signals if s[0] == quick_pid] == [(quick_pid, 9, True)]
+
+
+def test_the_group_of_an_exited_container_is_killed(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    container = {"name": "tree", "command": ["sh", "-c", f"sleep 300 & echo $! > {pid_file}"]}
+
+    async def scenario() -> PodRunner:
+        runner = PodRunner(pod([container]), Recorder().context(tmp_path))
+        runner.start()
+        assert runner.task is not None
+        await asyncio.wait_for(runner.task, 30)
+        return runner
+
+    runner = asyncio.run(scenario())
+    assert runner.status()["phase"] == "Succeeded"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _running(child):
+        assert time.monotonic() < deadline, f"the container's child {child} survived"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
