@@ -57,6 +57,45 @@ def test_empty_and_broken_first_lines() -> None:
     assert _check(_line(1).rstrip(b"\n")).endpoint == "/v1/chat/completions"  # no final newline
 
 
+@pytest.mark.parametrize(
+    ("blank", "mebibytes", "piece"),
+    [(b"\n", 2, 1 << 16), (b" " * 4095 + b"\n", 64, 1 << 20), (b"\t\r\n", 1, 1000)],
+)
+def test_a_blank_head_is_scanned_in_linear_time(blank: bytes, mebibytes: int, piece: int) -> None:
+    """Issue #13: the head was rescanned from its start on every piece until a non-blank line
+    completed (8 MiB of newlines: 7 s; 256 MiB: hours). Each byte is now looked at at most
+    twice, however many pieces the head arrives in; blank lines are not held either."""
+    head = blank * ((mebibytes << 20) // len(blank))
+    checker = UploadChecker(ValidationLimits(max_bytes=300 << 20))
+    for start in range(0, len(head), piece):
+        checker.feed(head[start : start + piece])
+        assert checker.endpoint is None
+    assert checker.scanned <= 2 * len(head)
+    assert checker.scanned >= len(head)
+    lines = head.count(b"\n")
+    checker.feed(_line(1, "/v1/embeddings"))
+    assert checker.endpoint == "/v1/embeddings"
+    assert checker.scanned <= 2 * (len(head) + len(_line(1)))
+    with pytest.raises(BadLine) as err:
+        checker.feed(b"{oops\n")
+    assert err.value.problem.line == lines + 2  # line numbers count the blank head
+
+
+@pytest.mark.parametrize("cut", [1, 2])
+def test_a_split_bom_is_still_a_bom(cut: int) -> None:
+    data = b"\xef\xbb\xbf" + _line(1, "/v1/embeddings")
+    checker = UploadChecker(ValidationLimits())
+    checker.feed(data[:cut])
+    checker.feed(data[cut:])
+    assert checker.finish().request_count == 1
+    assert checker.endpoint == "/v1/embeddings"
+    broken = UploadChecker(ValidationLimits())  # a BOM's first byte, then no BOM: content
+    broken.feed(b"\xef")
+    with pytest.raises(BadLine) as err:
+        broken.feed(b"\n" + _line(2))
+    assert err.value.problem.line == 1
+
+
 # --- the app on FakeKube ------------------------------------------------------------------------
 
 

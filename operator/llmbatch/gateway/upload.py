@@ -45,6 +45,7 @@ MULTIPART_OVERHEAD = 64 * 1024
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="upload")
 _STORE_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="store")
 _ABORT = object()
+_VISIBLE = re.compile(rb"[^ \t\n\r\x0b\x0c]")  # what bytes.strip() keeps
 _END = object()
 
 
@@ -78,59 +79,93 @@ class UploadChecker:
     """Validates an upload whose endpoint is not known up front.
 
     The endpoint is the (normalised) ``url`` of the first non-blank line; every other line must
-    use the same one. Bytes are held only until that first line is complete.
+    use the same one. Until that line is complete, each byte is looked at once: blank lines go
+    straight on to the validator (they need no endpoint) and only the unfinished current line is
+    held (at most ``max_line_bytes``), so a head of blank lines costs linear time and no memory.
     """
 
     def __init__(self, limits: ValidationLimits) -> None:
         self.limits = limits
         self.endpoint: str | None = None
-        self._validator: _FailFast | None = None
-        self._head = bytearray()
+        self.scanned = 0
+        """Bytes the endpoint sniff has looked at: at most twice the head, whatever its pieces."""
+        # Its endpoint is settled before it sees a non-blank line (it reads it per line).
+        self._validator = _FailFast(DEFAULT_ENDPOINT, limits)
+        self._held = bytearray()  # the current, unfinished line (not yet fed)
+        self._lines = 0  # complete (blank) lines fed so far
+        self._visible = False  # the held line has content: it is the first line
 
     def feed(self, chunk: bytes) -> None:
-        if self._validator is not None:
+        if self.endpoint is not None:
             self._validator.feed(chunk)
-            return
-        self._head += chunk
-        endpoint = self._sniff(final=False)
-        if endpoint is not None:
-            self._start(endpoint)
+        elif self._visible:
+            self._read_first_line(chunk, 0)
+        else:
+            self._skip_blank_lines(chunk)
 
     def finish(self) -> ValidationResult:
-        if self._validator is None:
-            self._start(self._sniff(final=True) or DEFAULT_ENDPOINT)
-        assert self._validator is not None
+        if self.endpoint is None:
+            endpoint = DEFAULT_ENDPOINT
+            if self._visible:  # a first line without a final newline
+                endpoint = self._endpoint_of(bytes(self._held), self._lines + 1)
+            self._settle(endpoint)
         return self._validator.finish()
 
-    def _start(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self._validator = _FailFast(endpoint, self.limits)
-        head, self._head = bytes(self._head), bytearray()
-        if head:
-            self._validator.feed(head)
+    def _skip_blank_lines(self, chunk: bytes) -> None:
+        """Feed the complete blank lines at the start of ``chunk``; hold the rest of it."""
+        start = 0
+        if not self._lines and len(self._held) < len(UTF8_BOM) and UTF8_BOM.startswith(self._held):
+            done = len(self._held)  # the file may open with a UTF-8 BOM: not content
+            head = chunk[: len(UTF8_BOM) - done]
+            if UTF8_BOM[done:].startswith(head):
+                start = len(head)
+            elif done:  # what looked like a BOM is content: the first line has begun
+                self._visible = True
+                self._read_first_line(chunk, 0)
+                return
+        found = _VISIBLE.search(chunk, start)
+        end = found.start() if found is not None else len(chunk)
+        line_start = chunk.rfind(b"\n", 0, end) + 1
+        self.scanned += (end - start) + (end - line_start) + line_start  # search, rfind, count
+        if line_start:
+            self._lines += chunk.count(b"\n", 0, line_start)
+            if self._held:
+                self._validator.feed(bytes(self._held))
+                self._held = bytearray()
+            self._validator.feed(chunk[:line_start])
+        if found is None:
+            self._hold(chunk[line_start:])
+            return
+        self._visible = True
+        self._read_first_line(chunk[line_start:], end - line_start)
 
-    def _sniff(self, final: bool) -> str | None:
-        """The endpoint of the first non-blank line once it is complete (None: need more)."""
-        data = bytes(self._head)
-        pos, line_no = 0, 0
-        while True:
-            cut = data.find(b"\n", pos)
-            if cut < 0 and not final:
-                if len(data) - pos > self.limits.max_line_bytes:
-                    return DEFAULT_ENDPOINT  # the validator reports the long line
-                return None
-            raw = data[pos:] if cut < 0 else data[pos:cut]
-            line_no += 1
-            if line_no == 1 and raw.startswith(UTF8_BOM):
-                raw = raw[len(UTF8_BOM) :]
-            if raw.strip():
-                return self._endpoint_of(raw.strip(), line_no)
-            if cut < 0:
-                return DEFAULT_ENDPOINT if final else None
-            pos = cut + 1
+    def _read_first_line(self, data: bytes, searched: int) -> None:
+        """Hold ``data`` until the first non-blank line ends, then settle the endpoint."""
+        cut = data.find(b"\n", searched)
+        self.scanned += (len(data) if cut < 0 else cut) - searched
+        if cut < 0:
+            self._hold(data)
+            return
+        line = bytes(self._held) + data[:cut]
+        self._held += data
+        self._settle(self._endpoint_of(line, self._lines + 1))
+
+    def _hold(self, data: bytes) -> None:
+        self._held += data
+        if len(self._held) > self.limits.max_line_bytes:
+            self._settle(DEFAULT_ENDPOINT)  # the validator reports the long line
+
+    def _settle(self, endpoint: str) -> None:
+        self.endpoint = self._validator.endpoint = endpoint
+        held, self._held = bytes(self._held), bytearray()
+        if held:
+            self._validator.feed(held)
 
     @staticmethod
-    def _endpoint_of(raw: bytes, line_no: int) -> str:
+    def _endpoint_of(line: bytes, line_no: int) -> str:
+        if line_no == 1 and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM) :]
+        raw = line.strip()
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
