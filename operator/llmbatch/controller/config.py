@@ -20,7 +20,10 @@ class OperatorConfig:
     store_uri: str
     """Store the operator reads inputs from and writes results to."""
     executor_store_uri: str
-    """The same store as executor pods reach it (may carry another secret_dir)."""
+    """The same store as executor pods reach it (another endpoint, when theirs differs)."""
+    executor_store_secret: str | None = None
+    """Secret in the worker namespace whose keys become the environment of executor pods (the
+    store credentials), for pools that name none in ``executor.storeSecretName``."""
     executor_command: tuple[str, ...] = ("python", "-m", "llmbatch.executor")
     """Command of the executor container."""
     reconcile_interval: float = 2.0
@@ -52,6 +55,7 @@ class OperatorConfig:
         return cls(
             store_uri=store,
             executor_store_uri=os.environ.get("LLMBATCH_EXECUTOR_STORE_URI") or store,
+            executor_store_secret=os.environ.get("LLMBATCH_EXECUTOR_STORE_SECRET") or None,
             executor_command=tuple(command.split()) if command else cls.executor_command,
             reconcile_interval=_float("LLMBATCH_RECONCILE_INTERVAL", 2.0),
             progress_interval=_float("LLMBATCH_PROGRESS_INTERVAL", 5.0),

@@ -45,9 +45,10 @@ def build_shard_job(
     shard_index: int,
     shard_requests: int,
     spec_key: str,
+    rerun: int = 0,
 ) -> dict[str, Any]:
     """The Job manifest of one shard (deterministic: the same inputs give the same object)."""
-    name = shard_job_name(batch_uid, shard_index)
+    name = shard_job_name(batch_uid, shard_index, rerun)
     labels = {
         LABEL_BATCH_UID: batch_uid,
         LABEL_POOL: pool_name,
@@ -77,8 +78,11 @@ def build_shard_job(
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
-    if executor.store_secret_name:
-        container["envFrom"] = [{"secretRef": {"name": executor.store_secret_name}}]
+    # Store credentials reach every component the same way: a Secret's keys as environment
+    # variables (boto3's chain). The pool's own Secret wins over the operator-wide default.
+    store_secret = executor.store_secret_name or config.executor_store_secret
+    if store_secret:
+        container["envFrom"] = [{"secretRef": {"name": store_secret}}]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
