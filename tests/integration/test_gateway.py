@@ -475,6 +475,50 @@ def test_file_level_errors(tenant: Tenant) -> None:
     assert upload(client, ok).startswith("file-")
 
 
+def test_a_body_cut_before_its_closing_boundary_is_400(
+    tenant: Tenant, gateway_process: GatewayProcess
+) -> None:
+    """Issue #13: cut at a line boundary, the file part is valid JSONL; it must not be stored."""
+    client = tenant.client()
+    before = {f.id for f in client.files.list().data}
+    stored = set(gateway_process.store_root.rglob("file-*"))
+    body = (
+        b'--bnd\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--bnd\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+        + jsonl([line(1), line(2)])
+    )
+    headers = {**auth(tenant.key), "Content-Type": "multipart/form-data; boundary=bnd"}
+    resp = httpx.post(tenant.base_url + "/v1/files", headers=headers, content=body, timeout=30)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "invalid_body"
+    assert {f.id for f in client.files.list().data} == before
+    assert set(gateway_process.store_root.rglob("file-*")) == stored
+    whole = httpx.post(
+        tenant.base_url + "/v1/files",
+        headers=headers,
+        content=body + b"\r\n--bnd--\r\n",
+        timeout=30,
+    )
+    assert whole.status_code == 200, whole.text
+
+
+def test_a_create_body_over_the_cap_is_413(tenant: Tenant) -> None:
+    from llmbatch.gateway.bodylimit import MAX_CREATE_BODY_BYTES
+
+    rows = [line(i) for i in range(600)]
+    for row in rows:
+        row["body"]["messages"][0]["content"] = "x" * 2000
+    body = {"requests": rows, "endpoint": CHAT, "completion_window": "24h"}
+    assert len(json.dumps(body)) > MAX_CREATE_BODY_BYTES
+    with pytest.raises(openai.APIStatusError) as err:
+        tenant.client().post("/batches", body=body, cast_to=openai.types.Batch)
+    assert err.value.status_code == 413
+    assert err.value.code == "request_too_large"
+    assert tenant.client().batches.list().data == []
+
+
 def test_upload_over_the_cap_is_413(tenant: Tenant, gateway_process: GatewayProcess) -> None:
     client = tenant.client()
     row = json.dumps(line(0)).encode() + b"\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -201,8 +202,6 @@ def _multipart(data: bytes) -> bytes:
 
 
 def _run_upload(tmp_path: Any, data: bytes, max_bytes: int = 100_000_000) -> Any:
-    import asyncio
-
     from llmbatch.gateway.upload import MultipartUpload
     from llmbatch.storage import open_store
 
@@ -246,3 +245,88 @@ def test_file_part_over_the_cap_is_413(tmp_path: Any) -> None:
         _run_upload(tmp_path, data, max_bytes=1_000_000)
     assert err.value.status == 413
     assert not list((tmp_path / "store").rglob("file-1*"))
+
+
+# --- truncated and oversized bodies (issue #13) -------------------------------------------------
+
+
+@pytest.mark.parametrize("tail", [b"", b"\r\n", b"\r\n--bnd", b"\r\n--bnd-"])
+def test_a_body_without_its_closing_boundary_stores_nothing(tmp_path: Any, tail: bytes) -> None:
+    """Cut at a line boundary, the file part is valid JSONL: without the closing boundary it
+    must not be stored as a complete (shorter) file."""
+    from llmbatch.gateway.errors import APIError
+    from llmbatch.gateway.upload import MultipartUpload
+    from llmbatch.storage import open_store
+
+    body = _multipart(b"".join(_line(i) for i in range(40_000)))
+    cut = body.rindex(b"\r\n--bnd--")
+    store = open_store(f"file://{tmp_path}/store")
+    request = _Request(body[:cut] + tail)
+    upload = MultipartUpload(request, store, "files/t/file-1", 100_000_000)  # type: ignore[arg-type]
+    with pytest.raises(APIError) as err:
+        asyncio.run(upload.run())
+    assert err.value.status == 400
+    assert err.value.code == "invalid_body"
+    assert "closing boundary" in err.value.message
+    assert not list((tmp_path / "store").rglob("file-1*"))
+
+
+def test_truncated_upload_is_400_and_creates_nothing(fake_gateway: FakeGateway) -> None:
+    key = fake_gateway.key("team-t")
+    body = _multipart(_line(1) + _line(2))
+    headers = {**auth(key), "Content-Type": "multipart/form-data; boundary=bnd"}
+    resp = fake_gateway.client.post(
+        "/v1/files", headers=headers, content=body[: body.rindex(b"\r\n--bnd--")]
+    )
+    assert resp.status_code == 400, resp.text
+    assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    assert resp.json()["error"]["code"] == "invalid_body"
+    assert not list(fake_gateway.store_root.rglob("file-*"))
+    assert not [k for k in fake_gateway.kube.objects if k[0] == "batchfiles"]
+    whole = fake_gateway.client.post("/v1/files", headers=headers, content=body)
+    assert whole.status_code == 200, whole.text  # the same body, complete, is fine
+
+
+def test_an_oversized_part_header_is_400(fake_gateway: FakeGateway) -> None:
+    key = fake_gateway.key("team-t")
+    headers = {**auth(key), "Content-Type": "multipart/form-data; boundary=bnd"}
+    long_name = b"x" * 10_000
+    body = (
+        b'--bnd\r\nContent-Disposition: form-data; name="file"; filename="'
+        + long_name
+        + b'"\r\n\r\n'
+        + _line(1)
+        + b"\r\n--bnd--\r\n"
+    )
+    resp = fake_gateway.client.post("/v1/files", headers=headers, content=body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == "invalid_body"
+    many = b"".join(b"X-H%d: v\r\n" % i for i in range(20))
+    body = b'--bnd\r\nContent-Disposition: form-data; name="purpose"\r\n' + many + b"\r\nbatch"
+    resp = fake_gateway.client.post("/v1/files", headers=headers, content=body + b"\r\n--bnd--\r\n")
+    assert resp.status_code == 400, resp.text
+    assert not list(fake_gateway.store_root.rglob("file-*"))
+
+
+def test_a_create_body_over_the_cap_is_413(fake_gateway: FakeGateway) -> None:
+    from llmbatch.gateway.bodylimit import MAX_CREATE_BODY_BYTES
+
+    key = fake_gateway.key("team-t")
+    padding = "x" * MAX_CREATE_BODY_BYTES
+    body = {"endpoint": "/v1/chat/completions", "completion_window": "24h", "pad": padding}
+    data = json.dumps(body).encode()
+    headers = {**auth(key), "Content-Type": "application/json"}
+    sized = fake_gateway.client.post("/v1/batches", headers=headers, content=data)
+
+    def pieces() -> Any:  # no Content-Length: cut off as it passes the cap
+        for start in range(0, len(data), 65536):
+            yield data[start : start + 65536]
+
+    chunked = fake_gateway.client.post("/v1/batches", headers=headers, content=pieces())
+    for resp in (sized, chunked):
+        assert resp.status_code == 413, resp.text
+        error = resp.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] == "request_too_large"
+        assert str(MAX_CREATE_BODY_BYTES) in error["message"]
+    assert not [k for k in fake_gateway.kube.objects if k[0] == "batches"]

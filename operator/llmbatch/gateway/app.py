@@ -71,6 +71,7 @@ from llmbatch.core.validation import (
 )
 from llmbatch.gateway import metrics
 from llmbatch.gateway.auth import KeyRing, KeyWatcher, Principal
+from llmbatch.gateway.bodylimit import CappedBodyRoute
 from llmbatch.gateway.credits import release_credit, reserve_credit
 from llmbatch.gateway.errors import APIError, install_handlers, not_found, unauthorized
 from llmbatch.gateway.kube import Conflict, GatewayKube, KubeAPI
@@ -201,12 +202,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "Unknown id"),
         (409, "Conflict"),
         (402, "Not enough credit"),
-        (413, "File too large"),
+        (413, "File or request body too large"),
         (429, "Queue full"),
     )
 }
 
 router = APIRouter(responses=_ERRORS)
+capped_router = APIRouter(responses=_ERRORS, route_class=CappedBodyRoute)
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -728,7 +730,7 @@ async def _admit(
     return Admitted(estimate, reserved)
 
 
-@router.post("/batches", response_model=Batch)
+@capped_router.post("/batches", response_model=Batch)
 async def create_batch(
     body: CreateBatchRequest,
     who: Writer,
@@ -1121,8 +1123,9 @@ def create_app(
         redirect_slashes=False,
     )
     install_handlers(app)
-    app.include_router(router, prefix="/v1")
-    app.include_router(router, prefix="/openai/v1", include_in_schema=False)
+    for routes in (router, capped_router):
+        app.include_router(routes, prefix="/v1")
+        app.include_router(routes, prefix="/openai/v1", include_in_schema=False)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

@@ -5,7 +5,8 @@ parser; the bytes of the ``file`` part go, in ~1 MiB pieces through a bounded pi
 thread that feeds them to the line validator and on into ``ObjectStore.put`` (which streams too).
 Memory stays bounded by a few MiB whatever the file size. The first bad line stops the write (the
 store never publishes a partial object) and answers 400 naming the line; a body over the cap
-answers 413 without reading the rest.
+answers 413 without reading the rest, and a body that ends before its closing boundary answers
+400 (nothing is published: a body cut at a line boundary is not a shorter, valid file).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ DEFAULT_ENDPOINT = "/v1/chat/completions"
 HANDOFF_BYTES = 1 << 20
 PIPE_DEPTH = 4
 MAX_FIELD_BYTES = 4096
+MAX_FIELDS = 16  # form fields kept (only 'purpose' is read); more parts are ignored
+MAX_PART_HEADERS = 8
+MAX_PART_HEADER_BYTES = 4096 + 128  # one header line; filenames are cut to 512 characters anyway
 MULTIPART_OVERHEAD = 64 * 1024
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="upload")
 _STORE_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="store")
@@ -262,6 +266,7 @@ class MultipartUpload:
         self._headers: dict[bytes, bytes] = {}
         self._error: APIError | None = None
         self._result: ValidationResult | None = None
+        self._complete = False  # the closing boundary arrived
 
     # --- parser callbacks ----------------------------------------------------------------------
 
@@ -296,9 +301,11 @@ class MultipartUpload:
                 raw_name.decode("utf-8", "replace") if raw_name is not None else "upload.jsonl"
             )
             self._part = "file"
-        else:
+        elif name in self.fields or len(self.fields) < MAX_FIELDS:
             self._part = name
             self._field = bytearray()
+        else:
+            self._part = ""
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self._part == "file":
@@ -327,6 +334,9 @@ class MultipartUpload:
                         code="invalid_value",
                     )
                 )
+
+    def _on_end(self) -> None:
+        self._complete = True
 
     def _fail(self, error: APIError) -> None:
         if self._error is None:
@@ -361,8 +371,14 @@ class MultipartUpload:
             "on_header_value": self._on_header_value,
             "on_header_end": self._on_header_end,
             "on_headers_finished": self._on_headers_finished,
+            "on_end": self._on_end,
         }
-        return MultipartParser(boundary, callbacks)
+        return MultipartParser(
+            boundary,
+            callbacks,
+            max_header_count=MAX_PART_HEADERS,
+            max_header_size=MAX_PART_HEADER_BYTES,
+        )
 
     def _write(self, pipe: _Pipe) -> StoredUpload:
         """Worker thread: validate, and hand the bytes on to a second thread that stores them.
@@ -460,6 +476,16 @@ class MultipartUpload:
                 ) from exc
             if self._error is not None:
                 raise self._error
+            if not self._complete:
+                # python_multipart does not check this: a body cut short (at a line boundary,
+                # say) would otherwise be stored as a complete, shorter file.
+                raise APIError(
+                    400,
+                    "The multipart body ended before its closing boundary: the upload is "
+                    "incomplete, nothing was stored.",
+                    param="file",
+                    code="invalid_body",
+                )
             if self.file_parts == 0:
                 return None
             if writer_alive:
