@@ -213,6 +213,9 @@ class ShardStatus(CRModel):
     """Unix seconds the current run started, while one is under way."""
     message: Text | None = None
     """Why the shard failed, when it did."""
+    reruns: int = 0
+    """Times the operator re-ran the shard because its Job succeeded without a result for every
+    request of the range (a broken executor invariant; each run gets its own Job)."""
 
 
 class Pricing(CRModel):
@@ -258,6 +261,11 @@ class BatchStatus(CRModel):
     """The model every request uses, settled by validation."""
     pool: DNSName | None = None
     """The BatchPool running the batch."""
+    worker_namespace: DNSName | None = None
+    """Where the batch's shard Jobs run (the pool's worker namespace at acceptance), so they are
+    found and removed even after the pool is deleted."""
+    gpus_per_slot: int | None = None
+    """GPUs per shard pod of the pool at acceptance (GPU-time billing after a pool is gone)."""
     request_counts: RequestCounts | None = None
     """Request counts."""
     usage: Usage | None = None

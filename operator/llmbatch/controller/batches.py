@@ -36,7 +36,7 @@ from llmbatch.controller.jobs import ANNOTATION_PREEMPTIONS, LABEL_BATCH_UID, bu
 from llmbatch.controller.kube import Kube
 from llmbatch.core import billing, keys
 from llmbatch.core.admission import check_pool_queue, max_requests
-from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.ids import batch_id_from_name, shard_job_name
 from llmbatch.core.lifecycle import (
     TERMINAL,
     cost_of,
@@ -53,7 +53,7 @@ from llmbatch.core.validation import (
     iter_lines,
     validate_stream,
 )
-from llmbatch.storage.base import ObjectNotFound, ObjectStore
+from llmbatch.storage.base import IntegrityError, ObjectInfo, ObjectNotFound, ObjectStore
 from llmbatch.storage.shardresults import read_progress
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 NAMESPACE_EXPEDITED_DISABLED = "llmbatch.io/expedited-disabled"
 FLEX_WINDOW = "72h"
 STALE_BODY_SECONDS = 30.0
+#: Re-runs of a shard whose Job succeeded without a result for every request (then: Failed).
+MAX_RERUNS = 2
 
 
 @dataclass
@@ -317,6 +319,12 @@ class BatchReconciler:
                 total=verdict.request_count,
             )
             return
+        if spec.requests is None:
+            try:
+                input_key = await self._pin_input(meta, input_key, verdict.total_bytes)
+            except Rejected as rejected:
+                self._fail(result, status, rejected.errors, now, total=verdict.request_count)
+                return
         tier = tier_of(spec)
         try:
             pricing, charges = await self._reserve(
@@ -332,6 +340,8 @@ class BatchReconciler:
             billing=charges,
             model=verdict.model,
             pool=pool_name,
+            workerNamespace=pool.worker_namespace,
+            gpusPerSlot=pool.gpus_per_slot,
             inputKey=input_key,
             inputBytes=verdict.total_bytes,
             requestCounts={"total": verdict.request_count, "completed": 0, "failed": 0},
@@ -510,6 +520,21 @@ class BatchReconciler:
             )
         return storage_key
 
+    async def _pin_input(self, meta: dict[str, Any], key: str, size: int) -> str:
+        """Copy the validated input into the batch's work area; the shards and finalisation read
+        the copy, so a user may delete the file (OpenAI allows it) while the batch runs: it leaves
+        the API at once, and the bytes the batch needs stay until its work area is removed.
+        Server-side on S3 (UploadPartCopy); the size validated is checked on the copy."""
+        pinned = keys.inline_input_key(meta["namespace"], meta["uid"])
+        source = ObjectInfo(key=key, size=size)
+        try:
+            await asyncio.to_thread(self.store.compose, pinned, [source])
+        except (ObjectNotFound, IntegrityError) as exc:
+            raise Rejected(
+                [_error("invalid_file", f"The input file changed or is gone: {exc}")]
+            ) from exc
+        return pinned
+
     def _peek_model(self, key: str, endpoint: str) -> str | None:
         """The model of the first readable line (chooses the pool whose limits then apply)."""
         for _, raw in iter_lines(self.store.iter_range(key)):
@@ -603,11 +628,50 @@ class BatchReconciler:
 
     # --- in_progress ---------------------------------------------------------------------------
 
-    async def _pool(self, name: str) -> BatchPoolSpec:
-        pool = await self.kube.get_custom("batchpools", None, name)
-        if pool is None:
-            raise RuntimeError(f"pool {name} is gone")
-        return BatchPoolSpec.model_validate(pool.get("spec") or {})
+    async def _pool_or_none(self, name: str | None) -> BatchPoolSpec | None:
+        pool = await self.kube.get_custom("batchpools", None, name) if name else None
+        return None if pool is None else BatchPoolSpec.model_validate(pool.get("spec") or {})
+
+    def _pool_gone(self, status: dict[str, Any], result: Step, now: float, pool: str) -> None:
+        """The pool was deleted under a running batch: stop, keep what finished, end failed."""
+        message = f"Pool {pool} was deleted while the batch ran; its requests that had not run fail"
+        self._transition(result, status, "finalizing", now, "PoolDeleted", message)
+        result.status["conditions"] = set_condition(
+            result.status["conditions"], "PoolDeleted", True, "PoolDeleted", message, now
+        )
+        result.events[-1] = ("Warning", "PoolDeleted", message)
+
+    async def _check_covered(
+        self, meta: dict[str, Any], shard: dict[str, Any], result: Step, worker_namespace: str
+    ) -> None:
+        """A shard whose Job succeeded must have a result for every request of its range.
+
+        A run that exits 0 without them breaks the executor's contract (a lost commit): rather
+        than turn those requests into ``shard_failed`` lines, re-run the shard (resuming from
+        its chunks) in a Job of its own, at most :data:`MAX_RERUNS` times.
+        """
+        prefix = keys.shard_prefix(meta["namespace"], meta["uid"], shard["index"])
+        progress = await asyncio.to_thread(read_progress, self.store, prefix)
+        covered = 0 if progress is None else progress.completed + progress.failed
+        missing = shard["requestCount"] - covered
+        if progress is not None and progress.done and missing <= 0:
+            return
+        metrics.SHARD_INCOMPLETE.inc()
+        reruns = int(shard.get("reruns") or 0)
+        message = (
+            f"Shard {shard['index']} succeeded with {max(missing, 0)} of its "
+            f"{shard['requestCount']} requests without a result (done="
+            f"{progress is not None and progress.done})"
+        )
+        if reruns >= MAX_RERUNS:
+            shard["phase"] = "Failed"
+            shard["message"] = f"{message}; gave up after {reruns} re-runs"
+            result.event("ShardIncomplete", shard["message"], warning=True)
+            return
+        await self.kube.delete_job(worker_namespace, shard.pop("job"))
+        shard["reruns"] = reruns + 1
+        shard["phase"] = "Pending"
+        result.event("ShardIncomplete", f"{message}; re-running it", warning=True)
 
     async def _run(
         self,
@@ -619,17 +683,20 @@ class BatchReconciler:
     ) -> None:
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         pool_name = status["pool"]
-        pool = await self._pool(pool_name)
+        pool = await self._pool_or_none(pool_name)
+        if pool is None:
+            self._pool_gone(status, result, now, pool_name)
+            return
         # Normalised like the API server stores them (defaults filled), so comparisons hold.
         shards = [ShardStatus.model_validate(s).to_k8s() for s in status.get("shards") or []]
         jobs = {
-            int(job["metadata"]["labels"]["llmbatch.io/shard"]): job
+            job["metadata"]["name"]: job
             for job in await self.kube.list_jobs(pool.worker_namespace, f"{LABEL_BATCH_UID}={uid}")
         }
         created = status.get("createdAt") or _created(meta)
         for shard in shards:
             index = shard["index"]
-            job = jobs.get(index)
+            job = jobs.get(shard_job_name(uid, index, shard.get("reruns", 0)))
             if job is None and shard["phase"] not in ("Succeeded", "Failed"):
                 spec_key = keys.shard_spec_key(namespace, uid, index)
                 shard_spec = self._shard_spec(meta, spec, status, pool, shard)
@@ -649,12 +716,15 @@ class BatchReconciler:
                         shard_index=index,
                         shard_requests=shard["requestCount"],
                         spec_key=spec_key,
+                        rerun=shard.get("reruns", 0),
                     )
                 )
                 shard["job"] = job["metadata"]["name"]
             if job is not None:
                 before = shard["phase"]
                 self._observe_job(shard, job, pool_name, now)
+                if shard["phase"] == "Succeeded" and before != "Succeeded":
+                    await self._check_covered(meta, shard, result, pool.worker_namespace)
                 if shard["phase"] == "Failed" and before != "Failed":
                     result.event(
                         "ShardFailed",
@@ -789,14 +859,17 @@ class BatchReconciler:
         pods = await self.kube.list_pods(worker_namespace, selector)
         return all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
 
+    async def _worker_namespace(self, status: dict[str, Any]) -> str | None:
+        """Where the batch's Jobs run: recorded at acceptance; the pool's for older batches."""
+        if status.get("workerNamespace"):
+            return str(status["workerNamespace"])
+        pool = await self._pool_or_none(status.get("pool"))
+        return None if pool is None else pool.worker_namespace
+
     async def _cleanup_jobs(self, meta: dict[str, Any], status: dict[str, Any]) -> None:
-        pool_name = status.get("pool")
-        if not pool_name:
+        worker_namespace = await self._worker_namespace(status)
+        if worker_namespace is None:
             return
-        pool = await self.kube.get_custom("batchpools", None, pool_name)
-        if pool is None:
-            return
-        worker_namespace = BatchPoolSpec.model_validate(pool["spec"]).worker_namespace
         for job in await self.kube.list_jobs(worker_namespace, f"{LABEL_BATCH_UID}={meta['uid']}"):
             await self.kube.delete_job(worker_namespace, job["metadata"]["name"])
 
@@ -809,19 +882,21 @@ class BatchReconciler:
         now: float,
     ) -> None:
         namespace, uid = meta["namespace"], meta["uid"]
-        pool = await self._pool(status["pool"])
-        if not await self._stop_jobs(meta, pool.worker_namespace):
+        pool = await self._pool_or_none(status.get("pool"))
+        worker_namespace = await self._worker_namespace(status)
+        if worker_namespace is not None and not await self._stop_jobs(meta, worker_namespace):
             return  # shard processes still flushing; next round
-        expired = any(
-            c.get("type") == "Expired" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        )
+        expired = _condition(status, "Expired")
+        pool_deleted = _condition(status, "PoolDeleted")
         cancelled = status.get("status") == "cancelling"
         never_run = "batch_cancelled" if cancelled else "batch_expired" if expired else None
         outcomes = []
         for shard in status.get("shards") or []:
             code, reason = never_run or "shard_failed", ""
-            if never_run is None:
+            if never_run is None and pool_deleted:
+                code = "pool_deleted"
+                reason = f"pool {status.get('pool')} was deleted before this request ran"
+            elif never_run is None:
                 reason = shard.get("message") or "the shard did not finish"
             outcomes.append(
                 ShardOutcome(
@@ -849,7 +924,10 @@ class BatchReconciler:
         )
         metrics.FINALIZE_SECONDS.observe(time.perf_counter() - started)
         expires_at = output_expires_at(
-            int(now), spec.output_expires_after_seconds, pool.retention, self.config.retention
+            int(now),
+            spec.output_expires_after_seconds,
+            pool.retention if pool is not None else None,
+            self.config.retention,
         )
         batch_id = batch_id_from_name(meta["name"])
         for file_id, key, size, lines, suffix in (
@@ -892,6 +970,7 @@ class BatchReconciler:
                 },
             )
         total = (status.get("requestCounts") or {}).get("total", 0)
+        failed = total - merged.completed if merged.input_missing else merged.failed
         usage = {
             "inputTokens": merged.input_tokens,
             "cachedTokens": merged.cached_tokens,
@@ -900,7 +979,7 @@ class BatchReconciler:
             "totalTokens": merged.total_tokens,
         }
         result.status.update(
-            requestCounts={"total": total, "completed": merged.completed, "failed": merged.failed},
+            requestCounts={"total": total, "completed": merged.completed, "failed": failed},
             usage=usage,
             outputFileID=output_id if merged.output_key else None,
             errorFileID=error_id if merged.error_key else None,
@@ -908,7 +987,7 @@ class BatchReconciler:
         pricing = status.get("pricing")
         charges = dict(status.get("billing") or {})
         if charges.get("mode") == "GPUTime":
-            gpu_seconds = _gpu_seconds(status, pool.gpus_per_slot, now)
+            gpu_seconds = _gpu_seconds(status, _gpus_per_slot(status, pool), now)
             result.status["cost"] = billing.final_charge(
                 "GPUTime",
                 pricing=None,
@@ -925,9 +1004,18 @@ class BatchReconciler:
                 pricing.get("inputPerMillion", "0"),
                 pricing.get("outputPerMillion", "0"),
             )
-        if merged.completed + merged.failed != total:
-            log.error("batch %s: %d + %d != %d", batch_id, merged.completed, merged.failed, total)
+        if merged.completed + failed != total:
+            log.error("batch %s: %d + %d != %d", batch_id, merged.completed, failed, total)
         final = "cancelled" if cancelled else "expired" if expired else "completed"
+        if final == "completed" and pool_deleted:
+            final = "failed"
+            result.status["errors"] = [
+                {"code": "pool_deleted", "message": f"Pool {status.get('pool')} was deleted."}
+            ]
+        if merged.input_missing:
+            errors = result.status.setdefault("errors", [])
+            errors.append({"code": "input_file_deleted", "message": merged.input_missing})
+            result.event("InputFileDeleted", merged.input_missing, warning=True)
         if status.get("status") != "finalizing" or not status.get("finalizingAt"):
             result.status["finalizingAt"] = int(now)
         self._transition(
@@ -936,7 +1024,7 @@ class BatchReconciler:
             final,
             now,
             final.capitalize(),
-            f"{merged.completed} completed, {merged.failed} failed of {total}",
+            f"{merged.completed} completed, {failed} failed of {total}",
         )
         await self._cleanup_jobs(meta, status)
         metrics.REQUESTS.labels("completed").inc(merged.completed)
@@ -975,18 +1063,16 @@ class BatchReconciler:
         if charges.get("settledAt"):
             return
         charge = "0"
-        if charges.get("mode") == "GPUTime" and status.get("pool"):
-            pool = await self.kube.get_custom("batchpools", None, status["pool"])
-            if pool is not None:
-                gpus = BatchPoolSpec.model_validate(pool.get("spec") or {}).gpus_per_slot
-                charge = billing.final_charge(
-                    "GPUTime",
-                    pricing=None,
-                    input_tokens=0,
-                    output_tokens=0,
-                    gpu_seconds=_gpu_seconds(status, gpus, self.clock()),
-                    gpu_hour_price=charges.get("gpuHourPrice"),
-                )
+        if charges.get("mode") == "GPUTime":
+            pool = await self._pool_or_none(status.get("pool"))
+            charge = billing.final_charge(
+                "GPUTime",
+                pricing=None,
+                input_tokens=0,
+                output_tokens=0,
+                gpu_seconds=_gpu_seconds(status, _gpus_per_slot(status, pool), self.clock()),
+                gpu_hour_price=charges.get("gpuHourPrice"),
+            )
         await self.credits.settle(meta["namespace"], meta["name"], charge)
 
 
@@ -1037,6 +1123,19 @@ def _gpu_seconds(status: dict[str, Any], gpus_per_slot: int, now: float) -> int:
         )
         total += run
     return total * gpus_per_slot
+
+
+def _condition(status: dict[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+
+
+def _gpus_per_slot(status: dict[str, Any], pool: BatchPoolSpec | None) -> int:
+    """GPUs per shard pod: recorded at acceptance, else the pool's (older batches), else 1."""
+    if status.get("gpusPerSlot") is not None:
+        return int(status["gpusPerSlot"])
+    return pool.gpus_per_slot if pool is not None else 1
 
 
 def _camel(phase: str) -> str:

@@ -18,7 +18,7 @@ import orjson
 from llmbatch.core.keys import work_prefix
 from llmbatch.core.lifecycle import never_run_line
 from llmbatch.core.validation import iter_lines
-from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.base import ObjectNotFound, ObjectStore
 from llmbatch.storage.shardresults import ChunkKind, list_chunks, usage_of
 
 
@@ -51,6 +51,8 @@ class MergedResults:
     output_tokens: int = 0
     reasoning_tokens: int = 0
     total_tokens: int = 0
+    input_missing: str | None = None
+    """Why requests without a result have no error line: the input could not be read."""
 
 
 def _lines(data: bytes) -> Iterable[bytes]:
@@ -121,7 +123,16 @@ def merge_shard_outputs(
                     parts[kind].append(key)
         # Requests of the shard's range with no result at all never ran.
         missing: list[bytes] = []
-        chunks = store.iter_range(input_key, shard.start, shard.end)
+        try:
+            chunks = store.iter_range(input_key, shard.start, shard.end)
+        except ObjectNotFound:
+            # Only a batch accepted before inputs were pinned to its work area can get here
+            # (or bytes removed behind the operator's back): finish with what is known.
+            result.input_missing = (
+                "The input was deleted while the batch ran; requests that had not run by then "
+                "are counted as failed but have no line in the error file."
+            )
+            continue
         for _, raw in iter_lines(chunks, shard.first_line):
             try:
                 custom_id = orjson.loads(raw)["custom_id"]

@@ -34,6 +34,12 @@ TOKENS = Counter(
     ["direction"],
     registry=REGISTRY,
 )
+SHARD_INCOMPLETE = Counter(
+    "llmbatch_shard_incomplete_total",
+    "Shard Jobs that succeeded without a result for every request of their range (a broken "
+    "executor invariant; the shard is re-run).",
+    registry=REGISTRY,
+)
 SHARD_RUN_SECONDS = Histogram(
     "llmbatch_shard_run_seconds",
     "Wall time of finished shard Jobs, from start to completion.",

@@ -17,6 +17,7 @@ NEVER_RUN_MESSAGES: dict[str, str] = {
     "batch_expired": "This request could not be executed before the completion window expired.",
     "batch_cancelled": "This request was not executed because the batch was cancelled.",
     "shard_failed": "This request was not executed because its shard failed: {reason}",
+    "pool_deleted": "This request was not executed because {reason}.",
 }
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}

@@ -1,0 +1,211 @@
+"""The batch reconciler's public behaviour, step by step, in seconds: validate → run → finalize,
+cancel, expiry, shard failure, and the loss/liveness holes of issue #13 (a Job that succeeds
+without every result, an input deleted while its batch runs, a pool deleted under its batches).
+
+The harness (tests/fixtures/reconciler.py) drives ``BatchReconciler.step`` over one fake API, a
+real filesystem store and a test clock; shards run on the real executor code.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections import Counter
+
+import pytest
+
+from llmbatch.core import keys
+from llmbatch.storage.shardresults import ResultLine, ShardResults, list_chunks
+from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
+from tests.fixtures.reconciler import ReconcilerHarness
+
+BATCH = "batch-0123456789abcdef01234567"
+FILE = "file-00000000000000000000000000000001"
+
+
+@pytest.fixture
+def h(tmp_path: pathlib.Path) -> ReconcilerHarness:
+    harness = ReconcilerHarness(tmp_path)
+    harness.kube.add("batchpools", make_pool())
+    return harness
+
+
+def submit(h: ReconcilerHarness, requests: int = 5, **spec: object) -> None:
+    h.kube.add("batchfiles", make_input_file(h.store, FILE, requests))
+    h.kube.add("batches", make_batch(BATCH, input_file_id=FILE, **spec))
+
+
+def custom_ids(lines: list[dict[str, object]]) -> Counter[object]:
+    return Counter(line["custom_id"] for line in lines)
+
+
+def test_validate_run_finalize(h: ReconcilerHarness) -> None:
+    submit(h, requests=5)
+    h.step(BATCH)
+    assert h.status(BATCH)["status"] == "validating"
+    status = h.step_until(BATCH, "in_progress")
+    assert [s["requestCount"] for s in status["shards"]] == [2, 2, 1]
+    assert status["workerNamespace"] == "llmbatch-workers"
+    h.step(BATCH)  # creates the suspended shard Jobs
+    assert [j["spec"]["suspend"] for j in h.jobs()] == [True, True, True]
+    h.run_jobs()
+    status = h.step_until(BATCH, "completed")
+    assert status["requestCounts"] == {"total": 5, "completed": 5, "failed": 0}
+    out = h.file_lines(status["outputFileID"])
+    assert custom_ids(out) == Counter(f"req-{i}" for i in range(5))
+    assert status.get("errorFileID") is None
+    assert h.reasons()[:2] == ["Accepted", "Validated"]
+    assert h.reasons()[-1] == "Completed"
+    assert h.jobs() == []  # removed at the end
+
+
+def test_cancel_mid_run_keeps_finished_results(h: ReconcilerHarness) -> None:
+    submit(h, requests=5)
+    h.step_until(BATCH, "in_progress")
+    h.step(BATCH)
+    first = h.jobs()[0]
+    h.run_executor(first)
+    h.finish_job(first)
+    h.step(BATCH)
+    h.batch(BATCH)["spec"]["cancel"] = True
+    status = h.step_until(BATCH, "cancelled")
+    assert status["requestCounts"] == {"total": 5, "completed": 2, "failed": 3}
+    errors = h.file_lines(status["errorFileID"])
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert custom_ids(h.file_lines(status["outputFileID"]) + errors) == Counter(
+        f"req-{i}" for i in range(5)
+    )
+
+
+def test_expiry_writes_batch_expired_lines(h: ReconcilerHarness) -> None:
+    submit(h, requests=3)
+    h.step_until(BATCH, "in_progress")
+    h.now = h.status(BATCH)["expiresAt"] + 1
+    status = h.step_until(BATCH, "expired")
+    assert status["requestCounts"] == {"total": 3, "completed": 0, "failed": 3}
+    errors = h.file_lines(status["errorFileID"])
+    assert [e["error"]["code"] for e in errors] == ["batch_expired"] * 3
+
+
+def test_failed_shard_becomes_shard_failed_lines_with_an_event(h: ReconcilerHarness) -> None:
+    submit(h, requests=3)
+    h.step_until(BATCH, "in_progress")
+    h.step(BATCH)
+    for job in h.jobs():
+        h.finish_job(job, failed="BAD_CONFIG: engine refused its arguments")
+    status = h.step_until(BATCH, "completed")
+    assert status["requestCounts"] == {"total": 3, "completed": 0, "failed": 3}
+    errors = h.file_lines(status["errorFileID"])
+    assert {e["error"]["code"] for e in errors} == {"shard_failed"}
+    assert "ShardFailed" in h.reasons()
+
+
+def test_a_job_that_succeeds_without_every_result_is_rerun_not_reported_lost(
+    h: ReconcilerHarness,
+) -> None:
+    # #13 hole 1, operator side: an executor exits 0 having lost a commit (progress says done,
+    # one request has no result). Before, finalisation wrote it as a shard_failed line.
+    submit(h, requests=2)
+    h.step_until(BATCH, "in_progress")
+    h.step(BATCH)
+    (job,) = h.jobs()
+    h.run_executor(job)
+    uid = h.batch(BATCH)["metadata"]["uid"]
+    prefix = keys.shard_prefix(TENANT, uid, 0)
+    (chunk,) = list_chunks(h.store, prefix, "output")
+    first, _ = h.store.get(chunk).splitlines(keepends=True)
+    h.store.delete(chunk)
+    # What the old executor left after its commit task died: one of two lines, done: true.
+    lossy = ShardResults(h.store, prefix, batch_id="batch_x", shard_index=0)
+    lossy.recover()
+    lossy.commit({"output": [ResultLine("req-0", first, ok=True)]})
+    lossy.write_progress(state="done", done=True)
+    h.finish_job(job)
+    h.step(BATCH)
+    assert "ShardIncomplete" in h.reasons()
+    assert h.jobs() == []  # the finished Job goes; the re-run gets a Job of its own
+    h.step(BATCH)
+    (rerun,) = h.jobs()
+    assert rerun["metadata"]["name"] == job["metadata"]["name"] + "-r1"
+    assert h.status(BATCH)["shards"][0]["reruns"] == 1
+    h.run_jobs()  # resumes from the chunk: runs only the missing request
+    status = h.step_until(BATCH, "completed")
+    assert status["requestCounts"] == {"total": 2, "completed": 2, "failed": 0}
+    assert custom_ids(h.file_lines(status["outputFileID"])) == Counter(["req-0", "req-1"])
+
+
+def test_rerun_gives_up_after_the_limit(h: ReconcilerHarness) -> None:
+    submit(h, requests=1)
+    h.step_until(BATCH, "in_progress")
+    for _ in range(3):  # every run "succeeds" without writing anything
+        h.step(BATCH)
+        for job in h.jobs():
+            if not (job.get("status") or {}).get("conditions"):
+                h.finish_job(job)
+        h.step(BATCH)
+    status = h.step_until(BATCH, "completed")
+    assert status["requestCounts"] == {"total": 1, "completed": 0, "failed": 1}
+    (line,) = h.file_lines(status["errorFileID"])
+    assert line["error"]["code"] == "shard_failed"
+    assert "gave up after 2 re-runs" in line["error"]["message"]
+
+
+def test_input_deleted_while_the_batch_runs_still_completes(h: ReconcilerHarness) -> None:
+    # #13 hole 3: the user deletes the input file (bytes and BatchFile) after acceptance.
+    submit(h, requests=3)
+    h.step_until(BATCH, "in_progress")
+    h.store.delete(keys.file_key(TENANT, FILE))
+    h.kube.remove("batchfiles", TENANT, FILE)
+    h.step(BATCH)
+    h.run_jobs()
+    status = h.step_until(BATCH, "completed")
+    assert status["requestCounts"] == {"total": 3, "completed": 3, "failed": 0}
+
+
+def test_input_deleted_before_the_merge_of_an_older_batch_ends_it(
+    h: ReconcilerHarness,
+) -> None:
+    # A batch accepted before inputs were pinned reads the user's file at finalisation; when
+    # those bytes are gone it must still end, publish what finished and say why.
+    submit(h, requests=3)
+    h.step_until(BATCH, "in_progress")
+    status = h.status(BATCH)
+    status["inputKey"] = keys.file_key(TENANT, FILE)  # as an older operator recorded it
+    h.step(BATCH)
+    job = h.jobs()[0]
+    h.run_executor(job)
+    h.finish_job(job)
+    h.batch(BATCH)["spec"]["cancel"] = True
+    h.step(BATCH)
+    h.store.delete(keys.file_key(TENANT, FILE))
+    status = h.step_until(BATCH, "cancelled")
+    assert status["requestCounts"] == {"total": 3, "completed": 2, "failed": 1}
+    assert [e["code"] for e in status["errors"]] == ["input_file_deleted"]
+    assert "InputFileDeleted" in h.reasons()
+
+
+def test_pool_deleted_with_the_batch_in_flight(h: ReconcilerHarness) -> None:
+    # #13 hole 4: the batch must end with a clear error, settle, and leave no Job behind.
+    h.kube.add(
+        "creditaccounts",
+        {"metadata": {"name": "default", "namespace": TENANT}, "spec": {"limit": "100"}},
+    )
+    submit(h, requests=5)
+    h.step_until(BATCH, "in_progress")
+    h.step(BATCH)
+    first = h.jobs()[0]
+    h.run_executor(first)
+    h.finish_job(first)
+    h.step(BATCH)
+    assert len(h.jobs()) == 3
+    h.kube.remove("batchpools", None, "pool-a")
+    status = h.step_until(BATCH, "failed")
+    assert status["requestCounts"] == {"total": 5, "completed": 2, "failed": 3}
+    assert [e["code"] for e in status["errors"]] == ["pool_deleted"]
+    errors = h.file_lines(status["errorFileID"])
+    assert {e["error"]["code"] for e in errors} == {"pool_deleted"}
+    assert "PoolDeleted" in h.reasons()
+    assert h.jobs() == []
+    assert status["billing"]["settledAt"]
+    account = h.kube.get("creditaccounts", TENANT, "default")
+    assert account is not None
+    assert account["status"]["reserved"] == "0.000000"
