@@ -354,7 +354,7 @@ def test_pure_checks() -> None:
 
 
 def test_a_pool_spec_the_models_reject_is_left_out_of_the_catalog() -> None:
-    from llmbatch.gateway.app import model_catalog
+    from llmbatch.gateway.routes.models import model_catalog
 
     good = {"metadata": {"name": "a"}, "spec": {"models": [{"name": "m1", "source": "/m"}]}}
     bad = {

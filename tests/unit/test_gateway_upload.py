@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from llmbatch.core.validation import ValidationLimits
-from llmbatch.gateway.upload import BadLine, UploadChecker
+from llmbatch.gateway.uploadcheck import BadLine, UploadChecker
 from tests.fixtures.gateway import FakeGateway, auth
 
 

@@ -63,6 +63,17 @@ def not_found(kind: str, ident: str, param: str | None = None) -> APIError:
     return APIError(404, f"No such {kind}: '{shown}'", param=param, code=None)
 
 
+def store_unavailable() -> APIError:
+    """503 for an object store that failed (the client retries)."""
+    return APIError(
+        503,
+        "The file store is temporarily unavailable; retry shortly.",
+        type="server_error",
+        code="service_unavailable",
+        headers={"Retry-After": "1"},
+    )
+
+
 def unauthorized(message: str) -> APIError:
     return APIError(401, message, param=None, code="invalid_api_key")
 

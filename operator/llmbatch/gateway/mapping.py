@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast, get_args
@@ -31,6 +32,10 @@ ANNOTATION_ENDPOINT = "llmbatch.io/endpoint"
 ANNOTATION_IDEMPOTENCY_INPUT = "llmbatch.io/idempotency-input"
 ANNOTATION_ESTIMATED_TOKENS = "llmbatch.io/estimated-tokens"
 LABEL_IDEMPOTENCY = "llmbatch.io/idempotency-key"
+FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
+"""An OpenAI file id the gateway issues (and the BatchFile's name)."""
+BATCH_ID = re.compile(r"^batch_[a-z0-9]([-a-z0-9.]{0,240}[a-z0-9])?$")
+"""An OpenAI batch id: ``batch_`` + the rest of a Batch object name."""
 
 INPUT_FILE_TTL = 86400
 DAY = 86400
@@ -104,36 +109,16 @@ def batch_to_openai(obj: dict[str, Any]) -> Batch:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    annotations = meta.get("annotations") or {}
     created = batch_created_at(obj)
-    raw_phase = status.get("status")
-    phase = cast(BatchStatus, raw_phase if raw_phase in _PHASES else "validating")
-    cancelling_at = _int_or_none(status.get("cancellingAt"))
-    if spec.get("cancel") and phase not in TERMINAL_STATUSES and phase != "cancelling":
-        phase = "cancelling"
-        if cancelling_at is None:
-            raw = annotations.get(ANNOTATION_CANCEL_AT, "")
-            cancelling_at = int(raw) if raw.isdigit() else created
-    expires = _int_or_none(status.get("expiresAt"))
-    if expires is None:
-        window = (
-            FLEX_WINDOW_SECONDS if is_flex(spec) else window_seconds(spec.get("completionWindow"))
-        )
-        expires = created + window
+    phase, cancelling_at = _phase(spec, status, meta.get("annotations") or {}, created)
     counts = status.get("requestCounts") or {}
-    errors = status.get("errors")
-    usage = status.get("usage")
     metadata = spec.get("metadata")
     priority: Priority = "expedited" if spec.get("priority") == "expedited" else "standard"
     return Batch(
         id=batch_id_from_name(meta["name"]),
         endpoint=str(spec.get("endpoint") or ""),
         model=status.get("model") or spec.get("model"),
-        errors=(
-            BatchErrors(data=[BatchError.model_validate(e) for e in errors if isinstance(e, dict)])
-            if errors
-            else None
-        ),
+        errors=_errors(status.get("errors")),
         input_file_id=str(spec.get("inputFileID") or ""),
         completion_window=str(spec.get("completionWindow") or "24h"),
         status=phase,
@@ -141,7 +126,7 @@ def batch_to_openai(obj: dict[str, Any]) -> Batch:
         error_file_id=status.get("errorFileID"),
         created_at=created,
         in_progress_at=_int_or_none(status.get("inProgressAt")),
-        expires_at=expires,
+        expires_at=_expires_at(spec, status, created),
         finalizing_at=_int_or_none(status.get("finalizingAt")),
         completed_at=_int_or_none(status.get("completedAt")),
         failed_at=_int_or_none(status.get("failedAt")),
@@ -153,23 +138,53 @@ def batch_to_openai(obj: dict[str, Any]) -> Batch:
             completed=int(counts.get("completed") or 0),
             failed=int(counts.get("failed") or 0),
         ),
-        usage=(
-            BatchUsage(
-                input_tokens=int(usage.get("inputTokens") or 0),
-                input_tokens_details=InputTokensDetails(
-                    cached_tokens=int(usage.get("cachedTokens") or 0)
-                ),
-                output_tokens=int(usage.get("outputTokens") or 0),
-                output_tokens_details=OutputTokensDetails(
-                    reasoning_tokens=int(usage.get("reasoningTokens") or 0)
-                ),
-                total_tokens=int(usage.get("totalTokens") or 0),
-            )
-            if isinstance(usage, dict)
-            else None
-        ),
+        usage=_usage(status.get("usage")),
         metadata=dict(metadata) if isinstance(metadata, dict) else None,
         priority=priority,
+    )
+
+
+def _phase(
+    spec: dict[str, Any], status: dict[str, Any], annotations: dict[str, str], created: int
+) -> tuple[BatchStatus, int | None]:
+    """The status to show and ``cancelling_at`` (a pending cancel reads ``cancelling``)."""
+    raw_phase = status.get("status")
+    phase = cast(BatchStatus, raw_phase if raw_phase in _PHASES else "validating")
+    cancelling_at = _int_or_none(status.get("cancellingAt"))
+    if spec.get("cancel") and phase not in TERMINAL_STATUSES and phase != "cancelling":
+        phase = "cancelling"
+        if cancelling_at is None:
+            raw = annotations.get(ANNOTATION_CANCEL_AT, "")
+            cancelling_at = int(raw) if raw.isdigit() else created
+    return phase, cancelling_at
+
+
+def _expires_at(spec: dict[str, Any], status: dict[str, Any], created: int) -> int:
+    expires = _int_or_none(status.get("expiresAt"))
+    if expires is not None:
+        return expires
+    if is_flex(spec):
+        return created + FLEX_WINDOW_SECONDS
+    return created + window_seconds(spec.get("completionWindow"))
+
+
+def _errors(errors: Any) -> BatchErrors | None:
+    if not errors:
+        return None
+    return BatchErrors(data=[BatchError.model_validate(e) for e in errors if isinstance(e, dict)])
+
+
+def _usage(usage: Any) -> BatchUsage | None:
+    if not isinstance(usage, dict):
+        return None
+    return BatchUsage(
+        input_tokens=int(usage.get("inputTokens") or 0),
+        input_tokens_details=InputTokensDetails(cached_tokens=int(usage.get("cachedTokens") or 0)),
+        output_tokens=int(usage.get("outputTokens") or 0),
+        output_tokens_details=OutputTokensDetails(
+            reasoning_tokens=int(usage.get("reasoningTokens") or 0)
+        ),
+        total_tokens=int(usage.get("totalTokens") or 0),
     )
 
 

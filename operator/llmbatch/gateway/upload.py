@@ -20,25 +20,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from python_multipart import MultipartParser
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
-from llmbatch.core.validation import (
-    UTF8_BOM,
-    ErrorCode,
-    InvalidLine,
-    LineValidator,
-    ValidationLimits,
-    ValidationResult,
-    normalize_endpoint,
-)
+from llmbatch.core.validation import ValidationLimits, ValidationResult
 from llmbatch.gateway.errors import APIError
+from llmbatch.gateway.uploadcheck import DEFAULT_ENDPOINT, BadLine, UploadChecker, bad_line_error
 from llmbatch.storage import ObjectInfo, ObjectStore
 
-DEFAULT_ENDPOINT = "/v1/chat/completions"
 HANDOFF_BYTES = 1 << 20
 PIPE_DEPTH = 4
 MAX_FIELD_BYTES = 4096
@@ -49,146 +40,11 @@ MULTIPART_OVERHEAD = 64 * 1024
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="upload")
 _STORE_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="store")
 _ABORT = object()
-_VISIBLE = re.compile(rb"[^ \t\n\r\x0b\x0c]")  # what bytes.strip() keeps
 _END = object()
-
-
-class BadLine(Exception):
-    """The first problem found in an upload."""
-
-    def __init__(self, problem: InvalidLine) -> None:
-        super().__init__(problem.message)
-        self.problem = problem
 
 
 class _Aborted(Exception):
     """The request side gave up (size cap, client gone, bad form); nothing may be published."""
-
-
-class _FailFast(LineValidator):
-    """A validator that stops at the first problem."""
-
-    def _report(self, problem: InvalidLine) -> None:
-        raise BadLine(problem)
-
-
-def bad_line_error(problem: InvalidLine) -> APIError:
-    message = problem.message
-    if problem.line is not None and f"Line {problem.line}" not in message:
-        message = f"Line {problem.line}: {message}"
-    return APIError(400, message, param=problem.param or "file", code=str(problem.code))
-
-
-class UploadChecker:
-    """Validates an upload whose endpoint is not known up front.
-
-    The endpoint is the (normalised) ``url`` of the first non-blank line; every other line must
-    use the same one. Until that line is complete, each byte is looked at once: blank lines go
-    straight on to the validator (they need no endpoint) and only the unfinished current line is
-    held (at most ``max_line_bytes``), so a head of blank lines costs linear time and no memory.
-    """
-
-    def __init__(self, limits: ValidationLimits) -> None:
-        self.limits = limits
-        self.endpoint: str | None = None
-        self.scanned = 0
-        """Bytes the endpoint sniff has looked at: at most twice the head, whatever its pieces."""
-        # Its endpoint is settled before it sees a non-blank line (it reads it per line).
-        self._validator = _FailFast(DEFAULT_ENDPOINT, limits)
-        self._held = bytearray()  # the current, unfinished line (not yet fed)
-        self._lines = 0  # complete (blank) lines fed so far
-        self._visible = False  # the held line has content: it is the first line
-
-    def feed(self, chunk: bytes) -> None:
-        if self.endpoint is not None:
-            self._validator.feed(chunk)
-        elif self._visible:
-            self._read_first_line(chunk, 0)
-        else:
-            self._skip_blank_lines(chunk)
-
-    def finish(self) -> ValidationResult:
-        if self.endpoint is None:
-            endpoint = DEFAULT_ENDPOINT
-            if self._visible:  # a first line without a final newline
-                endpoint = self._endpoint_of(bytes(self._held), self._lines + 1)
-            self._settle(endpoint)
-        return self._validator.finish()
-
-    def _skip_blank_lines(self, chunk: bytes) -> None:
-        """Feed the complete blank lines at the start of ``chunk``; hold the rest of it."""
-        start = 0
-        if not self._lines and len(self._held) < len(UTF8_BOM) and UTF8_BOM.startswith(self._held):
-            done = len(self._held)  # the file may open with a UTF-8 BOM: not content
-            head = chunk[: len(UTF8_BOM) - done]
-            if UTF8_BOM[done:].startswith(head):
-                start = len(head)
-            elif done:  # what looked like a BOM is content: the first line has begun
-                self._visible = True
-                self._read_first_line(chunk, 0)
-                return
-        found = _VISIBLE.search(chunk, start)
-        end = found.start() if found is not None else len(chunk)
-        line_start = chunk.rfind(b"\n", 0, end) + 1
-        self.scanned += (end - start) + (end - line_start) + line_start  # search, rfind, count
-        if line_start:
-            self._lines += chunk.count(b"\n", 0, line_start)
-            if self._held:
-                self._validator.feed(bytes(self._held))
-                self._held = bytearray()
-            self._validator.feed(chunk[:line_start])
-        if found is None:
-            self._hold(chunk[line_start:])
-            return
-        self._visible = True
-        self._read_first_line(chunk[line_start:], end - line_start)
-
-    def _read_first_line(self, data: bytes, searched: int) -> None:
-        """Hold ``data`` until the first non-blank line ends, then settle the endpoint."""
-        cut = data.find(b"\n", searched)
-        self.scanned += (len(data) if cut < 0 else cut) - searched
-        if cut < 0:
-            self._hold(data)
-            return
-        line = bytes(self._held) + data[:cut]
-        self._held += data
-        self._settle(self._endpoint_of(line, self._lines + 1))
-
-    def _hold(self, data: bytes) -> None:
-        self._held += data
-        if len(self._held) > self.limits.max_line_bytes:
-            self._settle(DEFAULT_ENDPOINT)  # the validator reports the long line
-
-    def _settle(self, endpoint: str) -> None:
-        self.endpoint = self._validator.endpoint = endpoint
-        held, self._held = bytes(self._held), bytearray()
-        if held:
-            self._validator.feed(held)
-
-    @staticmethod
-    def _endpoint_of(line: bytes, line_no: int) -> str:
-        if line_no == 1 and line.startswith(UTF8_BOM):
-            line = line[len(UTF8_BOM) :]
-        raw = line.strip()
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return DEFAULT_ENDPOINT  # the validator reports the JSON problem
-        url = obj.get("url") if isinstance(obj, dict) else None
-        if not isinstance(url, str):
-            return DEFAULT_ENDPOINT
-        endpoint = normalize_endpoint(url)
-        if endpoint is None:
-            raise BadLine(
-                InvalidLine(
-                    ErrorCode.UNSUPPORTED_ENDPOINT,
-                    f"Line {line_no}: url {url[:100]!r} is not a supported endpoint "
-                    "(/v1/chat/completions, /v1/completions, /v1/embeddings, or /openai/v1/...).",
-                    line_no,
-                    "url",
-                )
-            )
-        return endpoint
 
 
 @dataclass
@@ -444,60 +300,12 @@ class MultipartUpload:
         if length and length.isdigit() and int(length) > self.max_bytes + MULTIPART_OVERHEAD:
             raise self._too_large()
         parser = self._parser()
-        received = 0
-        writer_alive = True
         try:
-            async for data in self.request.stream():
-                received += len(data)
-                if (
-                    received > self.max_bytes + MULTIPART_OVERHEAD
-                    or self.file_bytes > self.max_bytes
-                ):
-                    raise self._too_large()
-                if not data:
-                    continue
-                try:
-                    parser.write(data)
-                except MultipartParseError as exc:
-                    raise APIError(
-                        400, f"Malformed multipart body: {exc}", param="file", code="invalid_body"
-                    ) from exc
-                if self.file_bytes > self.max_bytes:
-                    raise self._too_large()
-                if writer_alive and self._error is None:
-                    writer_alive = await self._flush()
-                else:
-                    self._pending = bytearray()  # draining after a bad line
-            try:
-                parser.finalize()
-            except MultipartParseError as exc:
-                raise APIError(
-                    400, f"Malformed multipart body: {exc}", param="file", code="invalid_body"
-                ) from exc
-            if self._error is not None:
-                raise self._error
-            if not self._complete:
-                # python_multipart does not check this: a body cut short (at a line boundary,
-                # say) would otherwise be stored as a complete, shorter file.
-                raise APIError(
-                    400,
-                    "The multipart body ended before its closing boundary: the upload is "
-                    "incomplete, nothing was stored.",
-                    param="file",
-                    code="invalid_body",
-                )
+            writer_alive = await self._read(parser)
+            self._check_complete(parser)
             if self.file_parts == 0:
                 return None
-            if writer_alive:
-                writer_alive = await self._flush(final=True)
-            pipe = self._pipe or self._start_writer()  # an empty file is validated (rejected) too
-            if writer_alive:
-                await pipe.send(_END)
-            assert pipe.future is not None
-            try:
-                return await pipe.future  # type: ignore[no-any-return]
-            except BadLine as bad:
-                raise bad_line_error(bad.problem) from bad
+            return await self._finish(writer_alive)
         except ClientDisconnect as exc:
             raise APIError(400, "The client closed the upload early.", param="file") from exc
         finally:
@@ -506,6 +314,63 @@ class MultipartUpload:
                 running.abort()
                 with contextlib.suppress(BaseException):  # the abort's own _Aborted
                     await running.future
+
+    async def _read(self, parser: MultipartParser) -> bool:
+        """Parse the body as it arrives; False once the writer stopped (a bad line)."""
+        received = 0
+        writer_alive = True
+        async for data in self.request.stream():
+            received += len(data)
+            if received > self.max_bytes + MULTIPART_OVERHEAD or self.file_bytes > self.max_bytes:
+                raise self._too_large()
+            if not data:
+                continue
+            try:
+                parser.write(data)
+            except MultipartParseError as exc:
+                raise _malformed(exc) from exc
+            if self.file_bytes > self.max_bytes:
+                raise self._too_large()
+            if writer_alive and self._error is None:
+                writer_alive = await self._flush()
+            else:
+                self._pending = bytearray()  # draining after a bad line
+        return writer_alive
+
+    def _check_complete(self, parser: MultipartParser) -> None:
+        try:
+            parser.finalize()
+        except MultipartParseError as exc:
+            raise _malformed(exc) from exc
+        if self._error is not None:
+            raise self._error
+        if not self._complete:
+            # python_multipart does not check this: a body cut short (at a line boundary, say)
+            # would otherwise be stored as a complete, shorter file.
+            raise APIError(
+                400,
+                "The multipart body ended before its closing boundary: the upload is "
+                "incomplete, nothing was stored.",
+                param="file",
+                code="invalid_body",
+            )
+
+    async def _finish(self, writer_alive: bool) -> StoredUpload:
+        """Hand over the last bytes and wait for the validator's verdict and the store."""
+        if writer_alive:
+            writer_alive = await self._flush(final=True)
+        pipe = self._pipe or self._start_writer()  # an empty file is validated (rejected) too
+        if writer_alive:
+            await pipe.send(_END)
+        assert pipe.future is not None
+        try:
+            return await pipe.future  # type: ignore[no-any-return]
+        except BadLine as bad:
+            raise bad_line_error(bad.problem) from bad
+
+
+def _malformed(exc: MultipartParseError) -> APIError:
+    return APIError(400, f"Malformed multipart body: {exc}", param="file", code="invalid_body")
 
 
 def _clean_filename(name: str) -> str:

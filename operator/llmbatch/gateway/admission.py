@@ -1,0 +1,139 @@
+"""Admission of a new batch, without I/O: the pool's per-batch caps and price, the tenant's queue
+quotas, the credit hold. ``llmbatch.gateway.routes.batches`` reads pools, batches and the
+account around these decisions; the rules themselves are ``llmbatch.core.admission``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from llmbatch.api.openai import TERMINAL_STATUSES
+from llmbatch.api.resources import BatchPoolSpec, CreditReservation, PoolBilling, Pricing, Tier
+from llmbatch.core.admission import Refusal, check_batch_size, check_tenant_queue
+from llmbatch.core.billing import (
+    BatchSize,
+    Estimate,
+    estimate_batch,
+    estimate_input_tokens,
+    estimate_output_tokens,
+    money,
+)
+from llmbatch.gateway.errors import APIError
+from llmbatch.gateway.mapping import ANNOTATION_ESTIMATED_TOKENS, ANNOTATION_REQUESTS
+
+NAMESPACE_MAX_QUEUED = "llmbatch.io/max-queued-requests"
+NAMESPACE_MAX_QUEUED_TOKENS = "llmbatch.io/max-queued-tokens"
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The pool the operator will pick for the batch, and what the batch costs on it."""
+
+    estimate: Estimate
+    name: str = ""
+    pool: BatchPoolSpec | None = None
+    """None: no pool serves the model (validation will fail the batch); only tenant limits."""
+    status: dict[str, Any] | None = None
+    pricing: Pricing | None = None
+
+
+def plan_admission(
+    pool_obj: dict[str, Any] | None, tier: Tier, size: BatchSize, param: str
+) -> PoolPlan | Refusal:
+    """The estimate on the chosen pool, or its per-batch caps' refusal."""
+    if pool_obj is None:
+        output = estimate_output_tokens(size, PoolBilling().default_output_tokens)
+        return PoolPlan(Estimate(estimate_input_tokens(size.input_bytes), output, Decimal(0)))
+    name = str(pool_obj["metadata"]["name"])
+    pool = BatchPoolSpec.model_validate(pool_obj.get("spec") or {})
+    status = pool_obj.get("status") or {}
+    pricing = getattr(pool.tiers, tier).pricing
+    refusal = check_batch_size(name, pool, size.requests, size.input_bytes, param)
+    if refusal is not None:
+        return refusal
+    estimate = estimate_batch(pool, pricing, size, status.get("throughputPerSlot"))
+    return PoolPlan(estimate, name, pool, status, pricing)
+
+
+def tenant_quota_refusal(
+    annotations: dict[str, str],
+    batches: list[dict[str, Any]],
+    size: BatchSize,
+    estimate: Estimate,
+) -> Refusal | None:
+    """The tenant's soft queue quotas (namespace annotations) against its unfinished batches."""
+    return check_tenant_queue(
+        queued_requests=sum(_queued_requests(b) for b in batches),
+        queued_tokens=sum(_queued_tokens(b) for b in batches),
+        requests=size.requests,
+        tokens=estimate.tokens,
+        max_queued_requests=_int_annotation(annotations, NAMESPACE_MAX_QUEUED),
+        max_queued_tokens=_int_annotation(annotations, NAMESPACE_MAX_QUEUED_TOKENS),
+    )
+
+
+def has_tenant_quota(annotations: dict[str, str]) -> bool:
+    return any(
+        _int_annotation(annotations, key) is not None
+        for key in (NAMESPACE_MAX_QUEUED, NAMESPACE_MAX_QUEUED_TOKENS)
+    )
+
+
+def _int_annotation(annotations: dict[str, str], key: str) -> int | None:
+    raw = annotations.get(key, "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def _queued_requests(batch: dict[str, Any]) -> int:
+    status = batch.get("status") or {}
+    if status.get("status") in TERMINAL_STATUSES:
+        return 0
+    total = (status.get("requestCounts") or {}).get("total") or 0
+    if not total:
+        raw = ((batch.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_REQUESTS, "")
+        total = int(raw) if raw.isdigit() else len((batch.get("spec") or {}).get("requests") or [])
+    return int(total)
+
+
+def _queued_tokens(batch: dict[str, Any]) -> int:
+    """Estimated tokens of an unfinished batch (the operator's figure, else the gateway's)."""
+    status = batch.get("status") or {}
+    if status.get("status") in TERMINAL_STATUSES:
+        return 0
+    tokens = (status.get("billing") or {}).get("estimatedTokens")
+    if isinstance(tokens, int) and tokens > 0:
+        return tokens
+    annotations = (batch.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(ANNOTATION_ESTIMATED_TOKENS, "")
+    return int(raw) if raw.isdigit() else 0
+
+
+def refusal_error(refusal: Refusal) -> APIError:
+    """400 for a per-batch cap, else 429 with Retry-After."""
+    if refusal.kind == "too_large":
+        return APIError(400, refusal.message, param=refusal.param, code=refusal.code)
+    return APIError(
+        429,
+        refusal.message,
+        type="rate_limit_error",
+        code=refusal.code,
+        headers={"Retry-After": "60"},
+    )
+
+
+def reservation(name: str, plan: PoolPlan, now: int) -> CreditReservation:
+    """The credit hold for batch ``name`` on the plan's pool (token price or GPU time)."""
+    assert plan.pool is not None
+    gpu_mode = plan.pool.billing.mode == "GPUTime"
+    return CreditReservation(
+        batch=name,
+        amount=money(plan.estimate.amount),
+        estimated_tokens=plan.estimate.tokens,
+        pool=plan.name,
+        mode=plan.pool.billing.mode,
+        pricing=None if gpu_mode else plan.pricing,
+        gpu_hour_price=plan.pool.billing.gpu_hour_price if gpu_mode else None,
+        created_at=now,
+    )

@@ -1,0 +1,237 @@
+"""``/v1/batches``: create (checked, admitted, idempotent), list, retrieve, cancel."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import Response
+
+from llmbatch.api.openai import TERMINAL_STATUSES, Batch, ListPage
+from llmbatch.core.admission import Refusal, check_pool_queue, choose_pool
+from llmbatch.core.billing import BatchSize, Estimate
+from llmbatch.core.ids import batch_id_from_name, batch_object_name
+from llmbatch.gateway import metrics
+from llmbatch.gateway.admission import (
+    has_tenant_quota,
+    plan_admission,
+    refusal_error,
+    reservation,
+    tenant_quota_refusal,
+)
+from llmbatch.gateway.bodylimit import CappedBodyRoute
+from llmbatch.gateway.creation import (
+    BatchRequest,
+    CreateBatchRequest,
+    batch_manifest,
+    batch_name,
+    check_input_file,
+    check_replay,
+    check_tenant,
+    parse_create_request,
+)
+from llmbatch.gateway.credits import release_credit, reserve_credit
+from llmbatch.gateway.deps import GW, Gateway, Reader, Writer
+from llmbatch.gateway.errors import APIError, not_found
+from llmbatch.gateway.kube import Conflict
+from llmbatch.gateway.mapping import (
+    ANNOTATION_CANCEL_AT,
+    BATCH_ID,
+    CursorNotFound,
+    batch_sort_key,
+    batch_to_openai,
+    list_page,
+    paginate,
+)
+from llmbatch.gateway.responses import ERROR_RESPONSES, json_response
+
+router = APIRouter(responses=ERROR_RESPONSES, route_class=CappedBodyRoute)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What admission settled: the estimate and whether this request reserved credit for it."""
+
+    estimate: Estimate
+    reserved: bool = False
+
+
+@router.post("/batches", response_model=Batch)
+async def create_batch(
+    body: CreateBatchRequest,
+    who: Writer,
+    gw: GW,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=512)] = None,
+) -> Response:
+    """Create a batch from an uploaded file or inline requests (exactly one)."""
+    request = parse_create_request(body)
+    name, label = batch_name(who.namespace, idempotency_key)
+    if label:  # a replay answers before any check that depends on the current state
+        existing = await gw.kube.get("batches", who.namespace, name)
+        if existing is not None:
+            return json_response(batch_to_openai(check_replay(existing, request.fingerprint)))
+    size, model = await _input_size(gw, who.namespace, request)
+    annotations = check_tenant(
+        who.namespace, await gw.kube.namespace_annotations(who.namespace), request.spec.priority
+    )
+    admitted = await _admit(gw, who.namespace, annotations, name, request, size, model)
+    manifest = batch_manifest(
+        name,
+        who.namespace,
+        request,
+        requests=size.requests,
+        estimated_tokens=admitted.estimate.tokens,
+        idempotency_label=label,
+        now_ns=time.time_ns(),
+    )
+    return json_response(batch_to_openai(await _create(gw, manifest, admitted, request, label)))
+
+
+async def _input_size(
+    gw: Gateway, namespace: str, request: BatchRequest
+) -> tuple[BatchSize, str | None]:
+    """The input's size and model: measured inline, or as the upload recorded on the file."""
+    if request.inline is not None:
+        return request.inline.size, request.inline.model
+    file_id = str(request.spec.input_file_id)
+    obj = await gw.reads.get("batchfiles", namespace, file_id)
+    return check_input_file(file_id, obj, request.spec.endpoint)
+
+
+async def _admit(
+    gw: Gateway,
+    namespace: str,
+    annotations: dict[str, str],
+    name: str,
+    request: BatchRequest,
+    size: BatchSize,
+    model: str | None,
+) -> Admitted:
+    """Per-batch caps (400), tenant and pool queue limits (429), then the credit (402).
+
+    The pool is the one the operator will choose for the model; without one (the model is not
+    served: validation will fail the batch) only the tenant's limits apply.
+    """
+    pool_obj = choose_pool(await gw.kube.list_pools(), model)
+    plan = _admitted(plan_admission(pool_obj, request.spec.priority, size, request.input_param))
+    if has_tenant_quota(annotations):
+        batches = await gw.kube.list_objects("batches", namespace)
+        _admitted(tenant_quota_refusal(annotations, batches, size, plan.estimate))
+    if plan.pool is None:
+        return Admitted(plan.estimate)
+    _admitted(check_pool_queue(plan.name, plan.pool, plan.status or {}, size.requests))
+    try:
+        reserved = await reserve_credit(
+            gw.kube, namespace, reservation(name, plan, int(time.time()))
+        )
+    except APIError as exc:
+        metrics.BATCHES_REFUSED.labels(exc.code or str(exc.status)).inc()
+        raise
+    return Admitted(plan.estimate, reserved)
+
+
+def _admitted(outcome: T | Refusal) -> T:
+    """``outcome`` unless admission refused: then the counted 400 or 429."""
+    if isinstance(outcome, Refusal):
+        metrics.BATCHES_REFUSED.labels(outcome.code).inc()
+        raise refusal_error(outcome)
+    return outcome
+
+
+async def _create(
+    gw: Gateway, manifest: dict[str, Any], admitted: Admitted, request: BatchRequest, label: str
+) -> dict[str, Any]:
+    """Create the Batch; a lost race for an Idempotency-Key name answers with the winner's.
+
+    The reservation is keyed by the name, so it is the hold of whichever Batch gets the name.
+    It is given back only when no Batch has it; any other failure (a timeout, say) may have
+    created the Batch server-side, and the operator's upkeep drops a reservation whose Batch
+    never appeared after 5 minutes.
+    """
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    try:
+        created = await gw.kube.create("batches", namespace, manifest)
+    except Conflict as exc:  # a concurrent create with the same Idempotency-Key won
+        existing = await gw.kube.get("batches", namespace, name)
+        if existing is None and admitted.reserved:
+            await release_credit(gw.kube, namespace, name)
+        if existing is None or not label:
+            raise APIError(
+                409, "The batch is being created concurrently; retry.", code="conflict"
+            ) from exc
+        if admitted.reserved:  # this request's reservation holds the winner's batch
+            metrics.CREDITS_RESERVED.inc(float(admitted.estimate.amount))
+        return check_replay(existing, request.fingerprint)
+    gw.reads.put("batches", namespace, name, created)
+    metrics.BATCHES_CREATED.inc()
+    if admitted.reserved:
+        metrics.CREDITS_RESERVED.inc(float(admitted.estimate.amount))
+    return created
+
+
+async def _get_batch(gw: Gateway, namespace: str, batch_id: str) -> dict[str, Any]:
+    if not BATCH_ID.match(batch_id):
+        raise not_found("batch", batch_id, "batch_id")
+    obj = await gw.reads.get("batches", namespace, batch_object_name(batch_id))
+    if obj is None:
+        raise not_found("batch", batch_id, "batch_id")
+    return obj
+
+
+def _openai_name(obj: dict[str, Any]) -> bool:
+    return str((obj.get("metadata") or {}).get("name", "")).startswith("batch-")
+
+
+def _batch_id(obj: dict[str, Any]) -> str:
+    return batch_id_from_name(obj["metadata"]["name"])
+
+
+@router.get("/batches", response_model=ListPage[Batch])
+async def list_batches(
+    who: Reader,
+    gw: GW,
+    after: Annotated[str | None, Query(max_length=256)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> Response:
+    """The tenant's batches, newest first."""
+    items = [b for b in await gw.kube.list_objects("batches", who.namespace) if _openai_name(b)]
+    items.sort(key=batch_sort_key, reverse=True)
+    try:
+        page, more = paginate(items, _batch_id, after, limit)
+    except CursorNotFound as exc:
+        raise APIError(400, f"No such batch to list after: {after!r}.", param="after") from exc
+    return json_response(list_page([batch_to_openai(b) for b in page], more, lambda b: b.id))
+
+
+@router.get("/batches/{batch_id}", response_model=Batch)
+async def retrieve_batch(batch_id: str, who: Reader, gw: GW) -> Response:
+    return json_response(batch_to_openai(await _get_batch(gw, who.namespace, batch_id)))
+
+
+@router.post("/batches/{batch_id}/cancel", response_model=Batch)
+async def cancel_batch(batch_id: str, who: Writer, gw: GW) -> Response:
+    """Ask the operator to cancel: ``spec.cancel = true``; answers ``cancelling`` at once."""
+    obj = await _get_batch(gw, who.namespace, batch_id)
+    status = (obj.get("status") or {}).get("status")
+    if status in TERMINAL_STATUSES:
+        raise APIError(
+            409,
+            f"Cannot cancel a batch with status '{status}'.",
+            param="batch_id",
+            code="batch_not_cancellable",
+        )
+    if (obj.get("spec") or {}).get("cancel") or status == "cancelling":
+        return json_response(batch_to_openai(obj))
+    name = obj["metadata"]["name"]
+    patch = {
+        "metadata": {"annotations": {ANNOTATION_CANCEL_AT: str(int(time.time()))}},
+        "spec": {"cancel": True},
+    }
+    patched = await gw.kube.patch("batches", who.namespace, name, patch)
+    gw.reads.put("batches", who.namespace, name, patched)
+    if patched is None:
+        raise not_found("batch", batch_id, "batch_id")
+    return json_response(batch_to_openai(patched))

@@ -1,0 +1,213 @@
+"""``/v1/files``: uploads streamed into the store (each one a BatchFile), reads, downloads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from llmbatch.api.openai import FileDeleted, FileObject, ListPage
+from llmbatch.api.resources import API_VERSION
+from llmbatch.core import keys
+from llmbatch.gateway import metrics
+from llmbatch.gateway.deps import GW, Gateway, Reader, Writer
+from llmbatch.gateway.errors import APIError, not_found, store_unavailable
+from llmbatch.gateway.mapping import (
+    ANNOTATION_CREATED_NS,
+    ANNOTATION_ENDPOINT,
+    FILE_ID,
+    CursorNotFound,
+    file_sort_key,
+    file_to_openai,
+    list_page,
+    paginate,
+)
+from llmbatch.gateway.responses import ERROR_RESPONSES, json_response
+from llmbatch.gateway.upload import MultipartUpload, StoredUpload
+from llmbatch.storage import ObjectNotFound, StoreError
+
+log = logging.getLogger(__name__)
+
+MAX_RECORDED_MODEL = 256
+"""Longest model name a BatchFile records (``spec.model`` is ShortText, as pools' names are)."""
+
+router = APIRouter(responses=ERROR_RESPONSES)
+
+_UPLOAD_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": ["batch"]},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post("/files", response_model=FileObject, openapi_extra=_UPLOAD_SCHEMA)
+async def create_file(request: Request, who: Writer, gw: GW) -> Response:
+    """Upload a batch input file (multipart ``file``, ``purpose=batch``), checked as it streams."""
+    file_id = keys.new_file_id()
+    key = keys.file_key(who.namespace, file_id)
+    upload = MultipartUpload(request, gw.store, key, gw.settings.max_upload_bytes)
+    stored = await _store(upload)
+    try:
+        if "purpose" not in upload.fields:
+            raise APIError(
+                400, "Missing required parameter: 'purpose'.", param="purpose", code="missing"
+            )
+        manifest = batchfile_manifest(who.namespace, file_id, key, stored, upload.filename)
+        obj = await gw.kube.create("batchfiles", who.namespace, manifest)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(gw.store.delete, key)
+        raise
+    gw.reads.put("batchfiles", who.namespace, file_id, obj)
+    metrics.UPLOAD_BYTES.inc(stored.info.size)
+    return json_response(file_to_openai(obj))
+
+
+async def _store(upload: MultipartUpload) -> StoredUpload:
+    """Run the upload into the store; a refusal is counted by its code."""
+    try:
+        stored = await upload.run()
+    except APIError as exc:
+        metrics.UPLOADS_REJECTED.labels(exc.code or str(exc.status)).inc()
+        raise
+    except StoreError as exc:
+        log.warning("upload to the store failed: %s", exc)
+        raise store_unavailable() from exc
+    if stored is None:
+        raise APIError(400, "Missing required parameter: 'file'.", param="file", code="missing")
+    return stored
+
+
+def batchfile_manifest(
+    namespace: str, file_id: str, key: str, stored: StoredUpload, filename: str | None
+) -> dict[str, Any]:
+    """The BatchFile of a validated upload: what the estimate and the operator need of it."""
+    now_ns = time.time_ns()
+    created = now_ns // 1_000_000_000
+    result = stored.result
+    spec: dict[str, Any] = {
+        "id": file_id,
+        "bytes": stored.info.size,
+        "filename": filename or "upload.jsonl",
+        "purpose": "batch",
+        "sha256": stored.info.sha256,
+        "lineCount": result.request_count,
+        "outputTokenLimits": result.declared_output_tokens,
+        "requestsWithoutOutputLimit": result.requests_without_output_limit,
+        "storageKey": key,
+        "createdAt": created,
+        "expiresAt": created + 86400,
+    }
+    # Longer than BatchFile.spec.model allows, it names no pool anyway: left off, the batch is
+    # estimated as one without a pool and validation fails it (model_not_found).
+    if result.model and len(result.model) <= MAX_RECORDED_MODEL:
+        spec["model"] = result.model
+    annotations = {ANNOTATION_CREATED_NS: str(now_ns), ANNOTATION_ENDPOINT: stored.endpoint}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "BatchFile",
+        "metadata": {"name": file_id, "namespace": namespace, "annotations": annotations},
+        "spec": spec,
+    }
+
+
+async def get_file(gw: Gateway, namespace: str, file_id: str) -> dict[str, Any]:
+    """The tenant's BatchFile (404 for an unknown id or another tenant's)."""
+    if not FILE_ID.match(file_id):
+        raise not_found("File object", file_id, "file_id")
+    obj = await gw.reads.get("batchfiles", namespace, file_id)
+    if obj is None:
+        raise not_found("File object", file_id, "file_id")
+    return obj
+
+
+@router.get("/files", response_model=ListPage[FileObject])
+async def list_files(
+    who: Reader,
+    gw: GW,
+    after: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
+    order: Literal["asc", "desc"] = "desc",
+    purpose: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    """The tenant's files, newest first (``order=asc`` for oldest first)."""
+    items = await gw.kube.list_objects("batchfiles", who.namespace)
+    if purpose:
+        items = [i for i in items if (i.get("spec") or {}).get("purpose") == purpose]
+    items.sort(key=file_sort_key, reverse=order == "desc")
+    files = [file_to_openai(i) for i in items]
+    try:
+        page, more = paginate(files, lambda f: f.id, after, limit)
+    except CursorNotFound as exc:
+        raise APIError(400, f"No such file to list after: {after!r}.", param="after") from exc
+    return json_response(list_page(page, more, lambda f: f.id))
+
+
+@router.get("/files/{file_id}", response_model=FileObject)
+async def retrieve_file(file_id: str, who: Reader, gw: GW) -> Response:
+    return json_response(file_to_openai(await get_file(gw, who.namespace, file_id)))
+
+
+@router.get(
+    "/files/{file_id}/content",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+async def file_content(file_id: str, who: Reader, gw: GW) -> StreamingResponse:
+    """The file's bytes, streamed from the store."""
+    obj = await get_file(gw, who.namespace, file_id)
+    key = keys.owned_file_key(who.namespace, file_id, (obj.get("spec") or {}).get("storageKey"))
+    if key is None:
+        raise not_found("File object", file_id, "file_id")
+    try:
+        chunks = await asyncio.to_thread(gw.store.iter_range, key)
+    except ObjectNotFound as exc:
+        raise not_found("File object", file_id, "file_id") from exc
+    except (StoreError, ValueError) as exc:
+        raise store_unavailable() from exc
+
+    def stream() -> Iterator[bytes]:
+        try:
+            yield from chunks
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
+    headers = {"Content-Disposition": f'attachment; filename="{file_id}.jsonl"'}
+    return StreamingResponse(stream(), media_type="application/octet-stream", headers=headers)
+
+
+@router.delete("/files/{file_id}", response_model=FileDeleted)
+async def delete_file(file_id: str, who: Writer, gw: GW) -> Response:
+    """Delete the bytes and the BatchFile (allowed for inputs in use, as OpenAI does)."""
+    obj = await get_file(gw, who.namespace, file_id)
+    key = keys.owned_file_key(who.namespace, file_id, (obj.get("spec") or {}).get("storageKey"))
+    try:
+        if key is not None:  # a foreign storageKey: drop the object, never those bytes
+            await asyncio.to_thread(gw.store.delete, key)
+    except (StoreError, ValueError) as exc:
+        raise store_unavailable() from exc
+    deleted = await gw.kube.delete("batchfiles", who.namespace, file_id)
+    gw.reads.put("batchfiles", who.namespace, file_id, None)
+    if not deleted:
+        raise not_found("File object", file_id, "file_id")
+    return json_response(FileDeleted(id=file_id))
