@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import pathlib
 import time
 import urllib.parse
 import uuid
@@ -751,9 +752,34 @@ def test_health_and_metrics(gateway_process: GatewayProcess) -> None:
     base = gateway_process.base_url
     assert httpx.get(base + "/healthz").status_code == 200
     assert httpx.get(base + "/readyz").status_code == 200
-    metrics = httpx.get(base + "/metrics").text
+    metrics = httpx.get(gateway_process.metrics_url).text
     assert "llmbatch_gateway_requests_total" in metrics
     assert "llmbatch_gateway_api_keys" in metrics
+    on_api = httpx.get(base + "/metrics")  # issue #18: never on the API port
+    assert on_api.status_code == 404
+    assert on_api.json()["error"]["code"] == "unknown_url"
+
+
+def test_defaults_serve_no_docs_and_metrics_apart(
+    gateway_process: GatewayProcess, tmp_path: pathlib.Path
+) -> None:
+    """A gateway started without LLMBATCH_GATEWAY_DOCS: no /docs, /redoc, /openapi.json."""
+    proc = GatewayProcess(
+        gateway_process.kubeconfig,
+        tmp_path / "store",
+        tmp_path / "gateway.log",
+        gateway_namespace=gateway_process.gateway_namespace,
+        docs=None,
+    )
+    proc.start()
+    try:
+        for path in ("/docs", "/redoc", "/openapi.json", "/metrics"):
+            resp = httpx.get(proc.base_url + path)
+            assert resp.status_code == 404, (path, resp.text)
+            assert resp.json()["error"]["code"] == "unknown_url"
+        assert "llmbatch_gateway_requests_total" in httpx.get(proc.metrics_url).text
+    finally:
+        proc.stop()
 
 
 def test_keys_cli_create_list_revoke(

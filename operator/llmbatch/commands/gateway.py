@@ -37,7 +37,28 @@ import click
     default=None,
     help="Largest accepted upload (default 256 MiB); env LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES.",
 )
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    envvar="LLMBATCH_GATEWAY_METRICS_PORT",
+    default=None,
+    help="Port of the Prometheus /metrics listener, on --host (default 9090; 0: none; never the "
+    "API port); env LLMBATCH_GATEWAY_METRICS_PORT.",
+)
+@click.option(
+    "--docs",
+    is_flag=True,
+    default=False,
+    help="Serve /docs, /redoc and /openapi.json (off by default); env LLMBATCH_GATEWAY_DOCS=true.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="uvicorn worker processes; more than one needs --metrics-port 0 (metrics live per "
+    "process: scale with replicas instead).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def gateway(
     host: str,
@@ -46,6 +67,8 @@ def gateway(
     gateway_namespace: str | None,
     kubeconfig: str | None,
     max_upload_bytes: int | None,
+    metrics_port: int | None,
+    docs: bool,
     workers: int,
     log_level: str,
 ) -> None:
@@ -58,12 +81,24 @@ def gateway(
         os.environ["KUBECONFIG"] = os.path.abspath(kubeconfig)
     if max_upload_bytes:
         os.environ["LLMBATCH_GATEWAY_MAX_UPLOAD_BYTES"] = str(max_upload_bytes)
+    if metrics_port is not None:
+        os.environ["LLMBATCH_GATEWAY_METRICS_PORT"] = str(metrics_port)
+    if docs:
+        os.environ["LLMBATCH_GATEWAY_DOCS"] = "true"
+    os.environ.setdefault("LLMBATCH_GATEWAY_METRICS_HOST", host)
     from llmbatch.gateway.settings import GatewaySettings
 
     try:
-        GatewaySettings.from_env()  # fail fast on bad settings, before binding the port
+        settings = GatewaySettings.from_env()  # fail fast on bad settings, before binding ports
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    if workers > 1 and settings.metrics_port:
+        raise click.UsageError(
+            "--workers above 1 needs LLMBATCH_GATEWAY_METRICS_PORT=0: every worker process "
+            "has its own metrics and one port cannot serve them all (scale with replicas)."
+        )
+    if settings.metrics_port == port:
+        raise click.UsageError(f"the metrics port must not be the API port ({port})")
     import uvicorn
 
     logging.basicConfig(

@@ -16,7 +16,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmbatch.gateway import metrics
 from llmbatch.gateway.auth import KeyRing, KeyWatcher
@@ -35,13 +34,18 @@ def create_app(
     kube: KubeAPI | None = None,
     store: ObjectStore | None = None,
 ) -> FastAPI:
-    """The gateway app; settings from the environment unless given (see docs/gateway.md)."""
+    """The gateway app; settings from the environment unless given (see docs/gateway.md).
+
+    ``/docs``, ``/redoc`` and ``/openapi.json`` only with ``settings.docs``; ``/metrics`` is
+    never served here but by a listener of its own (``settings.metrics_port``).
+    """
+    cfg = settings or GatewaySettings.from_env()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cfg = settings or GatewaySettings.from_env()
-        async with _serving(app, cfg, kube, store):
-            yield
+        with metrics.serving(cfg.metrics_port, cfg.metrics_host):
+            async with _serving(app, cfg, kube, store):
+                yield
 
     app = FastAPI(
         title="llm-batch-operator gateway",
@@ -50,6 +54,9 @@ def create_app(
         "/openai/v1).",
         lifespan=lifespan,
         redirect_slashes=False,
+        docs_url="/docs" if cfg.docs else None,
+        redoc_url="/redoc" if cfg.docs else None,
+        openapi_url="/openapi.json" if cfg.docs else None,
     )
     install_handlers(app)
     for router in ROUTERS:
@@ -66,11 +73,6 @@ def create_app(
             return Response(b'{"status":"keys not loaded"}', 503, media_type="application/json")
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics_endpoint(request: Request) -> Response:
-        metrics.API_KEYS.set(len(state_of(request).keyring))
-        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
     app.add_middleware(metrics.MetricsMiddleware)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
@@ -83,6 +85,7 @@ async def _serving(
     """The gateway's state for the app's lifetime: API client, store, key ring and its watch."""
     kube_api: KubeAPI = kube or await GatewayKube.connect(cfg.kubeconfig)
     ring = KeyRing()
+    metrics.count_keys(ring)
     app.state.gateway = Gateway(
         cfg,
         kube_api,

@@ -1,11 +1,18 @@
-"""Prometheus metrics of the gateway (its own registry, served on ``/metrics``)."""
+"""Prometheus metrics of the gateway: its own registry, served by a listener of its own.
+
+The listener (``LLMBATCH_GATEWAY_METRICS_PORT``, default 9090) is a small HTTP server on a
+thread, never the API port: scrapes do not pass the API's authentication, middleware or event
+loop, and ``/metrics`` is not reachable wherever the API is exposed.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -57,6 +64,30 @@ AUTH_FAILURES = Counter(
     registry=REGISTRY,
 )
 API_KEYS = Gauge("llmbatch_gateway_api_keys", "API keys currently loaded.", registry=REGISTRY)
+
+
+@contextlib.contextmanager
+def serving(port: int, host: str) -> Iterator[int | None]:
+    """Serve the registry on ``host:port`` while the block runs (port 0: serve none).
+
+    Yields the bound port. A port already taken raises (OSError): the gateway does not start
+    without the metrics it was told to serve.
+    """
+    if not port:
+        yield None
+        return
+    server, thread = start_http_server(port, addr=host, registry=REGISTRY)
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def count_keys(keys: Any) -> None:
+    """``llmbatch_gateway_api_keys`` reads ``len(keys)`` at every scrape."""
+    API_KEYS.set_function(lambda: len(keys))
 
 
 class MetricsMiddleware:

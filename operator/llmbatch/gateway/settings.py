@@ -7,6 +7,7 @@ import pathlib
 from dataclasses import dataclass
 
 DEFAULT_MAX_UPLOAD_BYTES = 256 * 1024 * 1024  # seed 000: inputs are limited to 256 MiB
+DEFAULT_METRICS_PORT = 9090
 _SA_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -17,7 +18,9 @@ def _own_namespace() -> str:
         return "llmbatch-system"
 
 
-def _int(env: dict[str, str], name: str, default: int, minimum: int = 1) -> int:
+def _int(
+    env: dict[str, str], name: str, default: int, minimum: int = 1, maximum: int | None = None
+) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -27,7 +30,20 @@ def _int(env: dict[str, str], name: str, default: int, minimum: int = 1) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return value
+
+
+def _bool(env: dict[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("true", "1", "yes", "on"):
+        return True
+    if raw in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {raw!r}")
 
 
 def _float(env: dict[str, str], name: str, default: float) -> float:
@@ -59,6 +75,14 @@ class GatewaySettings:
     """``LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS``: full re-list period of the key Secrets."""
     read_cache_seconds: float = 1.0
     """``LLMBATCH_GATEWAY_READ_CACHE_SECONDS``: serve batch/file reads this recent (0: off)."""
+    metrics_port: int = DEFAULT_METRICS_PORT
+    """``LLMBATCH_GATEWAY_METRICS_PORT``: Prometheus ``/metrics`` listener (0: none); never
+    served on the API port."""
+    metrics_host: str = "0.0.0.0"
+    """``LLMBATCH_GATEWAY_METRICS_HOST``: address of the metrics listener (``llmbatch gateway``
+    sets it to ``--host`` unless given)."""
+    docs: bool = False
+    """``LLMBATCH_GATEWAY_DOCS``: serve ``/docs``, ``/redoc`` and ``/openapi.json``."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> GatewaySettings:
@@ -75,4 +99,13 @@ class GatewaySettings:
             ),
             key_resync_seconds=_int(values, "LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS", 30),
             read_cache_seconds=_float(values, "LLMBATCH_GATEWAY_READ_CACHE_SECONDS", 1.0),
+            metrics_port=_int(
+                values,
+                "LLMBATCH_GATEWAY_METRICS_PORT",
+                DEFAULT_METRICS_PORT,
+                minimum=0,
+                maximum=65535,
+            ),
+            metrics_host=values.get("LLMBATCH_GATEWAY_METRICS_HOST") or "0.0.0.0",
+            docs=_bool(values, "LLMBATCH_GATEWAY_DOCS", False),
         )
