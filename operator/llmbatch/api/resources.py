@@ -9,6 +9,7 @@ list is bounded, no floats (decimals are strings), no free-form maps except ``me
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -32,6 +33,19 @@ SignedDecimal = Annotated[str, StringConstraints(max_length=33, pattern=r"^-?[0-
 Sha256 = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
 Quantity = Annotated[str, StringConstraints(max_length=64)]
 
+class Phase(enum.StrEnum):
+    """The OpenAI batch statuses, the lifecycle of a Batch (docs/architecture.md)."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
 BatchPhase = Literal[
     "validating",
     "failed",
@@ -42,6 +56,7 @@ BatchPhase = Literal[
     "cancelling",
     "cancelled",
 ]
+"""The values of :class:`Phase`, as the CRD schema lists them."""
 Tier = Literal["expedited", "standard", "flex"]
 """Scheduling tier: expedited before standard before flex."""
 EndpointPath = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
@@ -255,7 +270,7 @@ class BatchBilling(CRModel):
 class BatchStatus(CRModel):
     """The OpenAI Batch object's fields plus the operator's bookkeeping."""
 
-    status: BatchPhase | None = None
+    status: Phase | None = None
     """OpenAI status: validating, in_progress, finalizing, completed, failed, expired, ..."""
     model: ShortText | None = None
     """The model every request uses, settled by validation."""

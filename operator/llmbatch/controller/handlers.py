@@ -74,8 +74,9 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 
 def _apply(step: Step, body: kopf.Body, patch: kopf.Patch) -> None:
-    if step.status:
-        patch.setdefault("status", {}).update(step.status)
+    changes = step.to_patch()
+    if changes:
+        patch.setdefault("status", {}).update(changes)
     for event_type, reason, message in step.events:
         kopf.event(body, type=event_type, reason=reason, message=message)
 
@@ -86,7 +87,7 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
         reconciler: BatchReconciler = memo.batches
         step = await reconciler.step(dict(body))
         _apply(step, body, patch)
-    current = step.status.get("status") or (body.get("status") or {}).get("status")
+    current = step.phase or (body.get("status") or {}).get("status")
     metrics.observe_batch(uid, current)
 
 

@@ -29,9 +29,9 @@ from llmbatch.controller.jobs import (
 from llmbatch.controller.kube import Kube
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
 from llmbatch.core.lifecycle import unix_seconds
-from llmbatch.core.scheduling import TIER_RANK, QueuedShard, grant_slots
+from llmbatch.core.scheduling import QueuedShard, grant_slots
+from llmbatch.core.tiers import TIER_RANK, TIERS
 
-TIERS = ("expedited", "standard", "flex")
 ANNOTATION_LEARNED = "llmbatch.io/throughput-learned"
 
 
@@ -105,12 +105,12 @@ class PoolScheduler:
         ]
         running = [j for j in jobs if not (j.get("spec") or {}).get("suspend")]
         waiting = [j for j in jobs if (j.get("spec") or {}).get("suspend")]
-        backlog = dict.fromkeys(TIERS, 0)
+        backlog: dict[str, int] = dict.fromkeys(TIERS, 0)
         for job in jobs:
             shard = _queued(job)
             backlog[shard.tier if shard.tier in backlog else "standard"] += shard.requests
 
-        drain = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
+        drain: dict[str, int] = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
         raw = raw_desired_slots(backlog, throughput, drain, pool.min_slots, pool.max_slots)
         previous = ScaleState(
             desired=int(status.get("desiredSlots", pool.min_slots)),

@@ -111,6 +111,30 @@ def estimate_batch(
     )
 
 
+def new_reservation(
+    *,
+    batch: str,
+    pool_name: str,
+    pool: BatchPoolSpec,
+    pricing: Pricing,
+    estimate: Estimate,
+    created_at: int,
+) -> CreditReservation:
+    """The credit entry of a batch about to run on ``pool``: the estimate, and the terms it will
+    be charged at (token prices of its tier, or the pool's GPU-hour price)."""
+    gpu_mode = pool.billing.mode == "GPUTime"
+    return CreditReservation(
+        batch=batch,
+        amount=money(estimate.amount),
+        estimated_tokens=estimate.tokens,
+        pool=pool_name,
+        mode=pool.billing.mode,
+        pricing=None if gpu_mode else pricing,
+        gpu_hour_price=pool.billing.gpu_hour_price if gpu_mode else None,
+        created_at=created_at,
+    )
+
+
 def accepted_reservation(
     held: CreditReservation,
     entry: CreditReservation,

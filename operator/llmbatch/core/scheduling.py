@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-TIER_RANK: dict[str, int] = {"expedited": 0, "standard": 1, "flex": 2}
+from llmbatch.core.tiers import TIER_RANK
 
 
 @dataclass(frozen=True)

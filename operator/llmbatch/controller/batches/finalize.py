@@ -1,0 +1,266 @@
+"""The ``finalizing`` and ``cancelling`` phases: stop the shard Jobs, merge the chunks into the
+output and error files (a line for every request), publish them as BatchFiles, fix the cost and
+end the batch completed, cancelled, expired — or failed when its pool was deleted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from llmbatch.api.resources import (
+    API_VERSION,
+    BatchPoolSpec,
+    Phase,
+    RequestCounts,
+    ShardStatus,
+    Usage,
+)
+from llmbatch.controller import metrics
+from llmbatch.controller.batches.jobstate import gpu_seconds, gpus_per_slot, job_finished
+from llmbatch.controller.batches.merge import MergedResults, ShardOutcome, merge_shard_outputs
+from llmbatch.controller.batches.step import BatchView, Step, error, transition
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.jobs import LABEL_BATCH_UID
+from llmbatch.controller.kube import Kube
+from llmbatch.core import billing, keys
+from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.lifecycle import cost_of
+from llmbatch.core.retention import output_expires_at
+from llmbatch.storage.base import ObjectStore
+
+log = logging.getLogger("llmbatch.controller.batches")
+
+
+class Finalization:
+    """Runs the ``finalizing`` / ``cancelling`` phase of one batch per call (idempotent)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        config: OperatorConfig,
+        pool_of: Callable[[str | None], Any],
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.config = config
+        self.pool_of = pool_of
+
+    async def worker_namespace(self, batch: BatchView) -> str | None:
+        """Where the batch's Jobs run: recorded at acceptance; the pool's for older batches."""
+        if batch.status.worker_namespace:
+            return batch.status.worker_namespace
+        pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
+        return None if pool is None else pool.worker_namespace
+
+    async def remove_jobs(self, batch: BatchView) -> None:
+        """Delete every Job of the batch (at the end, and when the Batch is deleted)."""
+        namespace = await self.worker_namespace(batch)
+        if namespace is None:
+            return
+        for job in await self.kube.list_jobs(namespace, f"{LABEL_BATCH_UID}={batch.uid}"):
+            await self.kube.delete_job(namespace, job["metadata"]["name"])
+
+    async def _stop_jobs(self, batch: BatchView) -> bool:
+        """Delete the batch's unfinished Jobs; True once no shard process can still write."""
+        namespace = await self.worker_namespace(batch)
+        if namespace is None:
+            return True
+        selector = f"{LABEL_BATCH_UID}={batch.uid}"
+        stopped = False
+        for job in await self.kube.list_jobs(namespace, selector):
+            if job_finished(job)[0] is None:
+                await self.kube.delete_job(namespace, job["metadata"]["name"])
+                stopped = True
+        if stopped:
+            # Do not wait for the garbage collector: SIGTERM the shard processes now.
+            await self.kube.delete_pods(namespace, selector)
+        pods = await self.kube.list_pods(namespace, selector)
+        return all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+
+    async def run(self, batch: BatchView, step: Step, now: float) -> None:
+        if not await self._stop_jobs(batch):
+            return  # shard processes still flushing; next round
+        pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
+        merged = await self._merge(batch)
+        await self._publish(batch, merged, pool, now)
+        total = (batch.status.request_counts or RequestCounts()).total
+        failed = total - merged.completed if merged.input_missing else merged.failed
+        step.set(
+            request_counts=RequestCounts(total=total, completed=merged.completed, failed=failed),
+            usage=Usage(
+                input_tokens=merged.input_tokens,
+                cached_tokens=merged.cached_tokens,
+                output_tokens=merged.output_tokens,
+                reasoning_tokens=merged.reasoning_tokens,
+                total_tokens=merged.total_tokens,
+            ),
+            output_file_id=_derived(batch, "output") if merged.output_key else None,
+            error_file_id=_derived(batch, "errors") if merged.error_key else None,
+        )
+        self._charge(batch, step, merged, pool, now)
+        if merged.completed + failed != total:
+            log.error("batch %s: %d + %d != %d", batch.name, merged.completed, failed, total)
+        self._end(batch, step, merged, now, f"{merged.completed} completed, {failed} failed")
+        await self.remove_jobs(batch)
+        metrics.REQUESTS.labels("completed").inc(merged.completed)
+        metrics.REQUESTS.labels("failed").inc(merged.failed)
+        metrics.TOKENS.labels("input").inc(merged.input_tokens)
+        metrics.TOKENS.labels("output").inc(merged.output_tokens)
+
+    def _never_run(self, batch: BatchView, shard: ShardStatus) -> tuple[str, str]:
+        """(code, reason) of the error lines of a shard's requests that have no result."""
+        if batch.status.status == Phase.CANCELLING:
+            return "batch_cancelled", ""
+        if batch.has_condition("Expired"):
+            return "batch_expired", ""
+        if batch.has_condition("PoolDeleted"):
+            return "pool_deleted", f"pool {batch.status.pool} was deleted before this request ran"
+        return "shard_failed", shard.message or "the shard did not finish"
+
+    async def _merge(self, batch: BatchView) -> MergedResults:
+        outcomes = []
+        for shard in batch.status.shards or []:
+            code, reason = self._never_run(batch, shard)
+            outcomes.append(
+                ShardOutcome(
+                    index=shard.index,
+                    prefix=keys.shard_prefix(batch.namespace, batch.uid, shard.index),
+                    start=shard.start,
+                    end=shard.end,
+                    first_line=shard.first_line,
+                    never_run_code=code,
+                    reason=reason,
+                )
+            )
+        started = time.perf_counter()
+        merged = await asyncio.to_thread(
+            merge_shard_outputs,
+            self.store,
+            namespace=batch.namespace,
+            batch_uid=batch.uid,
+            input_key=batch.status.input_key or "",
+            shards=outcomes,
+            output_key=keys.file_key(batch.namespace, _derived(batch, "output")),
+            error_key=keys.file_key(batch.namespace, _derived(batch, "errors")),
+        )
+        metrics.FINALIZE_SECONDS.observe(time.perf_counter() - started)
+        return merged
+
+    async def _publish(
+        self, batch: BatchView, merged: MergedResults, pool: BatchPoolSpec | None, now: float
+    ) -> None:
+        """Create (or adopt) the output and error BatchFiles, owned by the Batch."""
+        expires_at = output_expires_at(
+            int(now),
+            batch.spec.output_expires_after_seconds,
+            pool.retention if pool is not None else None,
+            self.config.retention,
+        )
+        for suffix, key, size, lines in (
+            ("output", merged.output_key, merged.output_bytes, merged.completed),
+            ("errors", merged.error_key, merged.error_bytes, merged.failed),
+        ):
+            if key is not None:
+                file_id = _derived(batch, suffix)
+                manifest = _result_file(batch, file_id, suffix, key, size, lines, now)
+                manifest["spec"]["expiresAt"] = expires_at
+                await self.kube.create_or_adopt_custom("batchfiles", batch.namespace, manifest)
+
+    def _charge(
+        self,
+        batch: BatchView,
+        step: Step,
+        merged: MergedResults,
+        pool: BatchPoolSpec | None,
+        now: float,
+    ) -> None:
+        """The batch's cost: GPU time on a GPUTime pool, else tokens at the fixed prices."""
+        charges = batch.status.billing
+        pricing = batch.status.pricing
+        if charges is not None and charges.mode == "GPUTime":
+            used = gpu_seconds(batch.status, gpus_per_slot(batch.status, pool), now)
+            step.set(
+                cost=billing.final_charge(
+                    "GPUTime",
+                    pricing=None,
+                    input_tokens=0,
+                    output_tokens=0,
+                    gpu_seconds=used,
+                    gpu_hour_price=charges.gpu_hour_price,
+                ),
+                billing=charges.model_copy(update={"gpu_seconds": used}),
+            )
+        elif pricing is not None:
+            step.set(
+                cost=cost_of(
+                    merged.input_tokens,
+                    merged.output_tokens,
+                    pricing.input_per_million,
+                    pricing.output_per_million,
+                )
+            )
+
+    def _end(
+        self, batch: BatchView, step: Step, merged: MergedResults, now: float, counts: str
+    ) -> None:
+        total = (batch.status.request_counts or RequestCounts()).total
+        final = Phase.COMPLETED
+        errors = []
+        if batch.status.status == Phase.CANCELLING:
+            final = Phase.CANCELLED
+        elif batch.has_condition("Expired"):
+            final = Phase.EXPIRED
+        elif batch.has_condition("PoolDeleted"):
+            final = Phase.FAILED
+            errors.append(error("pool_deleted", f"Pool {batch.status.pool} was deleted."))
+        if merged.input_missing:
+            errors.append(error("input_file_deleted", merged.input_missing))
+            step.event("InputFileDeleted", merged.input_missing, warning=True)
+        if errors:
+            step.set(errors=errors)
+        if batch.status.status != Phase.FINALIZING or not batch.status.finalizing_at:
+            step.set(finalizing_at=int(now))
+        transition(step, batch, final, now, final.capitalize(), f"{counts} of {total}")
+
+
+def _derived(batch: BatchView, purpose: str) -> str:
+    return keys.derived_file_id(batch.uid, purpose)
+
+
+def _result_file(
+    batch: BatchView, file_id: str, suffix: str, key: str, size: int, lines: int, now: float
+) -> dict[str, Any]:
+    """The manifest of an output or error BatchFile, owned by its Batch."""
+    manifest: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": "BatchFile",
+        "metadata": {
+            "name": file_id,
+            "namespace": batch.namespace,
+            "labels": {LABEL_BATCH_UID: batch.uid},
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "Batch",
+                    "name": batch.name,
+                    "uid": batch.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "id": file_id,
+            "bytes": size,
+            "filename": f"{batch_id_from_name(batch.name)}_{suffix}.jsonl",
+            "purpose": "batch_output",
+            "storageKey": key,
+            "lineCount": lines,
+            "createdAt": int(now),
+        },
+    }
+    return manifest

@@ -1,0 +1,199 @@
+"""The Batch reconciler: one idempotent step per call, all state on the object.
+
+``BatchReconciler.step`` reads the Batch (typed, once), its Jobs and the store, takes the next step
+of the lifecycle and returns the typed status patch plus the Events to post. A kopf timer calls it
+every few seconds (level-based), and create/cancel handlers call it at once (edge-triggered
+speed-up), so a restarted operator simply continues: nothing is kept in memory but throttling
+timestamps. Each phase lives in its own module: ``validate``, ``run``, ``finalize``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from llmbatch.api.resources import BatchBilling, BatchPoolSpec, Phase, RequestCounts
+from llmbatch.controller import metrics
+from llmbatch.controller.batches.finalize import Finalization
+from llmbatch.controller.batches.jobstate import gpu_seconds, gpus_per_slot
+from llmbatch.controller.batches.run import ShardRuns
+from llmbatch.controller.batches.step import (
+    TERMINAL,
+    BatchView,
+    Step,
+    set_condition,
+    transition,
+)
+from llmbatch.controller.batches.validate import Validation
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.credits import CreditLedger
+from llmbatch.controller.kube import Kube
+from llmbatch.core import billing, keys, lifecycle, tiers
+from llmbatch.core.ids import batch_id_from_name
+from llmbatch.storage.base import ObjectStore
+
+STALE_BODY_SECONDS = 30.0
+
+
+class BatchReconciler:
+    """Drives Batches through validating → in_progress → finalizing → terminal."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        config: OperatorConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.credits = CreditLedger(kube, config.namespaces, clock)
+        self.validation = Validation(kube, store, self.credits, clock)
+        self.runs = ShardRuns(kube, store, config, self.pool)
+        self.finalization = Finalization(kube, store, config, self.pool)
+        # uid -> (phase we patched, when): a trigger that still sees the old phase holds a stale
+        # body (kopf applies patches after the handler returns) and must not act on it.
+        self._patched_phase: dict[str, tuple[Phase | None, float]] = {}
+
+    async def pool(self, name: str | None) -> BatchPoolSpec | None:
+        """The spec of BatchPool ``name``, or None when there is none (deleted)."""
+        pool = await self.kube.get_custom("batchpools", None, name) if name else None
+        return None if pool is None else BatchPoolSpec.model_validate(pool.get("spec") or {})
+
+    # --- entry point ---------------------------------------------------------------------------
+
+    async def step(self, body: dict[str, Any]) -> Step:
+        batch = BatchView.parse(body)
+        now = self.clock()
+        step = Step()
+        expected = self._patched_phase.get(batch.uid)
+        if expected is not None:
+            if expected[0] != batch.status.status and now - expected[1] < STALE_BODY_SECONDS:
+                return step
+            del self._patched_phase[batch.uid]
+        await self._dispatch(batch, step, now)
+        if step.phase in TERMINAL:
+            await self._settle(batch, step, now)
+            self.runs.forget(batch.uid)
+        if step.has("status"):
+            self._patched_phase[batch.uid] = (step.phase, now)
+        return step
+
+    async def _dispatch(self, batch: BatchView, step: Step, now: float) -> None:
+        phase = batch.status.status
+        expired = now >= (batch.status.expires_at or now + 1)
+        if phase is None:
+            self._initialise(batch, step, now)
+        elif phase in TERMINAL:
+            pass  # Jobs were removed when the batch finished; the timer skips terminal batches
+        elif phase == Phase.VALIDATING:
+            if batch.spec.cancel:
+                self._finish_without_running(batch, step, now, Phase.CANCELLED)
+            elif expired:
+                self._finish_without_running(batch, step, now, Phase.EXPIRED)
+            else:
+                await self.validation.run(batch, step, now)
+        elif phase == Phase.IN_PROGRESS:
+            if batch.spec.cancel:
+                message = "Cancel requested: stopping shard Jobs, keeping finished results"
+                transition(step, batch, Phase.CANCELLING, now, "CancelRequested", message)
+            elif expired:
+                message = "Completion window passed: stopping shard Jobs"
+                transition(step, batch, Phase.FINALIZING, now, "Expired", message)
+                message = "The completion window passed before every request ran."
+                set_condition(step, batch, "Expired", True, "WindowPassed", message, now)
+            else:
+                await self.runs.run(batch, step, now)
+        elif phase in (Phase.CANCELLING, Phase.FINALIZING):
+            await self.finalization.run(batch, step, now)
+
+    def _initialise(self, batch: BatchView, step: Step, now: float) -> None:
+        tier = tiers.tier_of(batch.spec.priority, batch.spec.metadata)
+        window = tiers.completion_window(tier, batch.spec.completion_window)
+        step.set(
+            status=Phase.VALIDATING,
+            created_at=batch.created,
+            expires_at=batch.created + lifecycle.window_seconds(window),
+            request_counts=RequestCounts(),
+            observed_generation=batch.generation,
+        )
+        if batch.spec.model:
+            step.set(model=batch.spec.model)
+        set_condition(step, batch, "Ready", False, "Validating", "Validating the input", now)
+        step.event("Accepted", f"Batch {batch_id_from_name(batch.name)} accepted; validating")
+        metrics.BATCH_TRANSITIONS.labels(Phase.VALIDATING.value).inc()
+
+    def _finish_without_running(
+        self, batch: BatchView, step: Step, now: float, phase: Phase
+    ) -> None:
+        if phase == Phase.CANCELLED:
+            step.set(cancelling_at=int(now))
+        total = (batch.status.request_counts or RequestCounts()).total
+        step.set(request_counts=RequestCounts(total=total, completed=0, failed=total))
+        reason = phase.capitalize()
+        transition(step, batch, phase, now, reason, f"Batch {phase} before any request ran")
+
+    # --- credit --------------------------------------------------------------------------------
+
+    async def _settle(self, batch: BatchView, step: Step, now: float) -> None:
+        """At a terminal state: release the reservation and charge the cost, exactly once.
+
+        The account write removes the reservation together with adding the charge, so a second
+        run (the status patch was lost, the operator restarted) finds no reservation and
+        charges nothing; ``billing.settledAt`` records it on the batch.
+        """
+        charges = (
+            step.patch.billing if step.has("billing") else batch.status.billing
+        ) or BatchBilling()
+        if charges.settled_at:
+            return
+        cost = str((step.patch.cost if step.has("cost") else None) or batch.status.cost or "0")
+        await self.credits.settle(batch.namespace, batch.name, cost)
+        step.set(billing=charges.model_copy(update={"settled_at": int(now)}))
+
+    # --- deletion ------------------------------------------------------------------------------
+
+    async def delete(self, body: dict[str, Any]) -> None:
+        """Remove the batch's Jobs, work area and result bytes (their BatchFiles are owned)."""
+        batch = BatchView.parse(body)
+        await self._release_on_delete(batch)
+        await self.finalization.remove_jobs(batch)
+        prefix = keys.work_prefix(batch.namespace, batch.uid) + "/"
+        results = [
+            keys.file_key(batch.namespace, keys.derived_file_id(batch.uid, purpose))
+            for purpose in ("output", "errors")
+        ]
+
+        def remove() -> None:
+            for info in list(self.store.list(prefix)):
+                self.store.delete(info.key)
+            for key in results:  # the garbage collector removes the objects, not the bytes
+                self.store.delete(key)
+
+        await asyncio.to_thread(remove)
+        self.runs.forget(batch.uid)
+        self._patched_phase.pop(batch.uid, None)
+
+    async def _release_on_delete(self, batch: BatchView) -> None:
+        """A batch deleted before it ended gives its reservation back; on a private pool the
+        GPU time it used so far is charged, like a cancel."""
+        charges = batch.status.billing or BatchBilling()
+        if charges.settled_at:
+            return
+        charge = "0"
+        if charges.mode == "GPUTime":
+            pool = await self.pool(batch.status.pool)
+            used = gpu_seconds(batch.status, gpus_per_slot(batch.status, pool), self.clock())
+            charge = billing.final_charge(
+                "GPUTime",
+                pricing=None,
+                input_tokens=0,
+                output_tokens=0,
+                gpu_seconds=used,
+                gpu_hour_price=charges.gpu_hour_price,
+            )
+        await self.credits.settle(batch.namespace, batch.name, charge)

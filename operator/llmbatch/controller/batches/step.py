@@ -1,0 +1,163 @@
+"""What one reconcile step sees and decides: the Batch read once into typed models, and the typed
+status patch plus the Events it returns. Phase changes go through :func:`transition` only."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmbatch.api.resources import (
+    BatchSpec,
+    BatchStatus,
+    Condition,
+    Phase,
+    ValidationError,
+)
+from llmbatch.controller import metrics
+from llmbatch.core import lifecycle
+
+log = logging.getLogger("llmbatch.controller.batches")
+
+TERMINAL = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.EXPIRED, Phase.CANCELLED})
+
+#: The status field that records when a batch entered each phase (``validating`` has none: it
+#: starts at ``createdAt``).
+PHASE_STAMP: dict[Phase, str] = {
+    Phase.IN_PROGRESS: "in_progress_at",
+    Phase.FINALIZING: "finalizing_at",
+    Phase.COMPLETED: "completed_at",
+    Phase.FAILED: "failed_at",
+    Phase.EXPIRED: "expired_at",
+    Phase.CANCELLING: "cancelling_at",
+    Phase.CANCELLED: "cancelled_at",
+}
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """One Batch as the step read it: identity, spec and status, parsed once."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: int
+    """Unix seconds of ``metadata.creationTimestamp``."""
+    generation: int | None
+    spec: BatchSpec
+    status: BatchStatus
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> BatchView:
+        meta = body["metadata"]
+        stamp = meta.get("creationTimestamp")
+        return cls(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta["uid"],
+            created=lifecycle.unix_seconds(stamp) if stamp else int(time.time()),
+            generation=meta.get("generation"),
+            spec=BatchSpec.model_validate(body.get("spec") or {}),
+            status=BatchStatus.model_validate(body.get("status") or {}),
+        )
+
+    def has_condition(self, kind: str) -> bool:
+        return any(c.type == kind and c.status == "True" for c in self.status.conditions or [])
+
+
+@dataclass
+class Step:
+    """What one reconcile step decided: a status patch (only the fields set) and Events."""
+
+    patch: BatchStatus = field(default_factory=BatchStatus)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    """(type, reason, message) — type is Normal or Warning."""
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append(("Warning" if warning else "Normal", reason, message))
+
+    def set(self, **changes: Any) -> None:
+        """Set status fields (snake_case names of :class:`BatchStatus`) in the patch."""
+        for name, value in changes.items():
+            setattr(self.patch, name, value)
+
+    def has(self, name: str) -> bool:
+        return name in self.patch.model_fields_set
+
+    @property
+    def phase(self) -> Phase | None:
+        """The phase this step moves the batch to, if it moves it."""
+        return self.patch.status if self.has("status") else None
+
+    def to_patch(self) -> dict[str, Any]:
+        """The camelCase merge patch of ``status`` (a field set to None is removed)."""
+        out: dict[str, Any] = {}
+        for name in sorted(self.patch.model_fields_set):
+            value = getattr(self.patch, name)
+            alias = BatchStatus.model_fields[name].alias or name
+            out[alias] = _wire(value)
+        return out
+
+
+def _wire(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_wire(item) for item in value]
+    if hasattr(value, "to_k8s"):
+        return value.to_k8s()
+    return value
+
+
+class Rejected(Exception):
+    """Validation failed: the batch becomes ``failed`` with these errors (``total``: requests
+    counted so far, all of them failed)."""
+
+    def __init__(self, errors: list[ValidationError], total: int = 0) -> None:
+        super().__init__(errors[0].message if errors else "rejected")
+        self.errors = errors
+        self.total = total
+
+
+def error(code: str, message: str, param: str | None = None, line: int | None = None) -> Any:
+    """One ``status.errors`` item (the message cut to what the CRD takes)."""
+    return ValidationError(code=code, message=message[:4096], param=param, line=line)
+
+
+def errors_of(items: list[dict[str, Any]]) -> list[ValidationError]:
+    """Typed errors from the validator's ``InvalidLine.as_dict()`` items."""
+    return [error(str(e["code"]), str(e["message"]), e.get("param"), e.get("line")) for e in items]
+
+
+def with_condition(
+    conditions: list[Condition] | None,
+    kind: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: float,
+) -> list[Condition]:
+    """``conditions`` with one set (its transition time moves only when its status flips)."""
+    plain = [c.to_k8s() for c in conditions or []]
+    changed = lifecycle.set_condition(plain, kind, status, reason, message, now)
+    return [Condition.model_validate(c) for c in changed]
+
+
+def set_condition(
+    step: Step, batch: BatchView, kind: str, status: bool, reason: str, message: str, now: float
+) -> None:
+    """Set a condition on top of what this step already changed."""
+    current = step.patch.conditions if step.has("conditions") else batch.status.conditions
+    step.set(conditions=with_condition(current, kind, status, reason, message, now))
+
+
+def transition(
+    step: Step, batch: BatchView, phase: Phase, now: float, reason: str, message: str
+) -> None:
+    """Move the batch to ``phase``: its timestamp, the Ready condition, an Event, a metric."""
+    step.set(status=phase)
+    if phase in PHASE_STAMP:
+        step.set(**{PHASE_STAMP[phase]: int(now)})
+    set_condition(step, batch, "Ready", phase in TERMINAL, reason, message, now)
+    step.event(reason, message, warning=phase in (Phase.FAILED, Phase.EXPIRED))
+    metrics.BATCH_TRANSITIONS.labels(phase.value).inc()
+    log.info("batch %s/%s → %s (%s): %s", batch.namespace, batch.name, phase, reason, message)

@@ -1,0 +1,348 @@
+"""The ``validating`` phase: read the input, pick the pool, check every line against its limits,
+reserve credit, pin the input, plan the shards — or fail the batch with the reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from llmbatch.api.resources import (
+    CREDIT_ACCOUNT_NAME,
+    BatchBilling,
+    BatchPoolSpec,
+    BatchSpec,
+    Phase,
+    Pricing,
+    RequestCounts,
+    ShardStatus,
+    ValidationError,
+)
+from llmbatch.controller import metrics
+from llmbatch.controller.batches.step import (
+    BatchView,
+    Rejected,
+    Step,
+    error,
+    errors_of,
+    transition,
+)
+from llmbatch.controller.credits import CreditLedger
+from llmbatch.controller.kube import Kube
+from llmbatch.core import billing, keys, tiers
+from llmbatch.core.admission import check_pool_queue, choose_pool, max_requests
+from llmbatch.core.validation import (
+    ErrorCode,
+    InvalidLine,
+    ValidationLimits,
+    ValidationResult,
+    iter_lines,
+    validate_stream,
+)
+from llmbatch.storage.base import IntegrityError, ObjectInfo, ObjectNotFound, ObjectStore
+
+Pool = tuple[str, BatchPoolSpec, dict[str, Any]]
+"""(name, spec, status) of the BatchPool a batch runs on."""
+
+
+def fail(
+    step: Step, batch: BatchView, errors: list[ValidationError], now: float, total: int = 0
+) -> None:
+    """End the batch ``failed`` with ``errors`` (the first 100) before anything ran."""
+    step.set(
+        errors=errors[:100],
+        request_counts=RequestCounts(total=total, completed=0, failed=total),
+    )
+    first = errors[0] if errors else error("invalid_input", "invalid input")
+    where = f" (line {first.line})" if first.line else ""
+    transition(
+        step,
+        batch,
+        Phase.FAILED,
+        now,
+        "ValidationFailed",
+        f"{len(errors)} validation error(s); first: {first.message}{where}",
+    )
+
+
+class Validation:
+    """Runs the ``validating`` phase of one batch per call (idempotent: derived keys only)."""
+
+    def __init__(
+        self, kube: Kube, store: ObjectStore, credits: CreditLedger, clock: Callable[[], float]
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.credits = credits
+        self.clock = clock
+
+    async def run(self, batch: BatchView, step: Step, now: float) -> None:
+        started = time.perf_counter()
+        try:
+            input_key, pool, verdict = await self._check(batch)
+            if batch.spec.requests is None:
+                input_key = await self._pin_input(batch, input_key, verdict.total_bytes)
+            charges, pricing = await self._reserve(batch, pool, verdict)
+        except Rejected as rejected:
+            fail(step, batch, rejected.errors, now, total=rejected.total)
+            return
+        finally:
+            metrics.VALIDATION_SECONDS.observe(time.perf_counter() - started)
+        self._accept(batch, step, now, input_key, pool, verdict, charges, pricing)
+
+    async def _check(self, batch: BatchView) -> tuple[str, Pool, ValidationResult]:
+        """The input key, the pool and the validator's verdict, or :class:`Rejected`."""
+        spec = batch.spec
+        input_key = await self._input_key(batch)
+        model = await asyncio.to_thread(self._peek_model, input_key)
+        if model is None:
+            # No line names a model: report every problem the default limits find.
+            verdict = await asyncio.to_thread(
+                self._run_validator, input_key, spec.endpoint, ValidationLimits(), 1000
+            )
+            if not verdict.ok:
+                raise Rejected(errors_of([e.as_dict() for e in verdict.errors]))
+        pool = await self._choose_pool(spec, model)
+        name, pool_spec, pool_status = pool
+        await self._check_tier(batch.namespace, spec, name, pool_spec)
+        limits = ValidationLimits(
+            max_requests=max_requests(pool_spec),
+            max_bytes=pool_spec.limits.max_bytes,
+            max_line_bytes=pool_spec.limits.max_line_bytes,
+            require_output_token_limit=pool_spec.limits.require_output_token_limit,
+        )
+        verdict = await asyncio.to_thread(
+            self._run_validator, input_key, spec.endpoint, limits, pool_spec.shard_requests
+        )
+        if not verdict.ok:
+            raise Rejected(
+                errors_of([e.as_dict() for e in verdict.errors]), total=verdict.request_count
+            )
+        # Fail fast rather than queue without bound (the gateway answers 429 up front).
+        refusal = check_pool_queue(name, pool_spec, pool_status, verdict.request_count)
+        if refusal is not None:
+            raise Rejected([error(refusal.code, refusal.message)], total=verdict.request_count)
+        return input_key, pool, verdict
+
+    def _accept(
+        self,
+        batch: BatchView,
+        step: Step,
+        now: float,
+        input_key: str,
+        pool: Pool,
+        verdict: ValidationResult,
+        charges: BatchBilling,
+        pricing: Pricing,
+    ) -> None:
+        name, spec, _ = pool
+        step.set(
+            billing=charges,
+            model=verdict.model,
+            pool=name,
+            worker_namespace=spec.worker_namespace,
+            gpus_per_slot=spec.gpus_per_slot,
+            input_key=input_key,
+            input_bytes=verdict.total_bytes,
+            request_counts=RequestCounts(total=verdict.request_count),
+            pricing=pricing,
+            shards=[
+                ShardStatus(
+                    index=s.index,
+                    start=s.start,
+                    end=s.end,
+                    first_line=s.first_line,
+                    line_count=s.line_count,
+                    request_count=s.request_count,
+                )
+                for s in verdict.shards
+            ],
+        )
+        transition(
+            step,
+            batch,
+            Phase.IN_PROGRESS,
+            now,
+            "Validated",
+            f"{verdict.request_count} requests for {verdict.model} in {len(verdict.shards)} "
+            f"shards on pool {name}",
+        )
+
+    # --- the input -----------------------------------------------------------------------------
+
+    async def _input_key(self, batch: BatchView) -> str:
+        spec = batch.spec
+        if spec.requests is not None:
+            key = keys.inline_input_key(batch.namespace, batch.uid)
+            data = b"".join(
+                orjson.dumps(
+                    {"custom_id": r.custom_id, "method": r.method, "url": r.url, "body": r.body}
+                )
+                + b"\n"
+                for r in spec.requests
+            )
+            await asyncio.to_thread(self.store.put, key, data)
+            return key
+        file_id = spec.input_file_id or ""
+        batch_file = await self.kube.get_custom("batchfiles", batch.namespace, file_id)
+        if batch_file is None:
+            raise Rejected([error("invalid_file", f"No such file: {file_id}", "input_file_id")])
+        file_spec = batch_file.get("spec") or {}
+        if file_spec.get("purpose") != "batch":
+            purpose = file_spec.get("purpose")
+            raise Rejected(
+                [
+                    error(
+                        "invalid_file_purpose",
+                        f"File {file_id} has purpose {purpose!r}, not 'batch'.",
+                        "input_file_id",
+                    )
+                ]
+            )
+        storage_key = keys.owned_file_key(batch.namespace, file_id, file_spec.get("storageKey"))
+        if storage_key is None:
+            message = f"File {file_id} names storage outside its own file; refusing to read it."
+            raise Rejected([error("invalid_file", message, "input_file_id")])
+        if await asyncio.to_thread(self.store.head, storage_key) is None:
+            raise Rejected(
+                [error("invalid_file", f"The bytes of {file_id} are gone.", "input_file_id")]
+            )
+        return storage_key
+
+    async def _pin_input(self, batch: BatchView, key: str, size: int) -> str:
+        """Copy the validated input into the batch's work area; the shards and finalisation read
+        the copy, so a user may delete the file (OpenAI allows it) while the batch runs: it leaves
+        the API at once, and the bytes the batch needs stay until its work area is removed.
+        Server-side on S3 (UploadPartCopy); the validated size is checked on the copy."""
+        pinned = keys.inline_input_key(batch.namespace, batch.uid)
+        try:
+            await asyncio.to_thread(self.store.compose, pinned, [ObjectInfo(key=key, size=size)])
+        except (ObjectNotFound, IntegrityError) as exc:
+            message = f"The input file changed or is gone: {exc}"
+            raise Rejected([error("invalid_file", message)]) from exc
+        return pinned
+
+    def _peek_model(self, key: str) -> str | None:
+        """The model of the first readable line (chooses the pool whose limits then apply)."""
+        for _, raw in iter_lines(self.store.iter_range(key)):
+            try:
+                line = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            body = line.get("body") if isinstance(line, dict) else None
+            model = body.get("model") if isinstance(body, dict) else None
+            if isinstance(model, str) and model:
+                return model
+        return None
+
+    def _run_validator(
+        self, key: str, endpoint: str, limits: ValidationLimits, shard_requests: int
+    ) -> ValidationResult:
+        try:
+            return validate_stream(
+                self.store.iter_range(key),
+                endpoint=endpoint,
+                limits=limits,
+                shard_requests=shard_requests,
+            )
+        except ObjectNotFound as exc:
+            raise Rejected([error("invalid_file", "The input file is gone.")]) from exc
+
+    # --- the pool ------------------------------------------------------------------------------
+
+    async def _choose_pool(self, spec: BatchSpec, model: str | None) -> Pool:
+        if model is None:
+            missing = InvalidLine(
+                ErrorCode.MISSING_MODEL, "No line of the input names a model.", None, "body.model"
+            )
+            raise Rejected(errors_of([missing.as_dict()]))
+        pools = await self.kube.list_custom("batchpools")
+        chosen = choose_pool(pools, model, spec.pool)
+        if chosen is not None:
+            spec_of = BatchPoolSpec.model_validate(chosen.get("spec") or {})
+            return chosen["metadata"]["name"], spec_of, chosen.get("status") or {}
+        served = {m.get("name") for p in pools for m in (p.get("spec") or {}).get("models") or []}
+        where = f"pool {spec.pool!r}" if spec.pool else "any pool"
+        listing = ", ".join(sorted(str(name) for name in served)) or "none"
+        # a line may name any model: cut it so the message fits status.errors (4096 characters)
+        shown = model if len(model) <= 256 else model[:256] + "…"
+        message = f"Model {shown!r} is not served by {where}. Served models: {listing}."
+        raise Rejected([error("model_not_found", message, "body.model")])
+
+    async def _check_tier(
+        self, namespace: str, spec: BatchSpec, pool_name: str, pool: BatchPoolSpec
+    ) -> None:
+        if spec.priority != "expedited":
+            return
+        annotations = await self.kube.namespace_annotations(namespace)
+        if tiers.expedited_disabled(annotations):
+            message = "Expedited priority is disabled for this organization."
+            raise Rejected([error("expedited_not_allowed", message, "priority")])
+        if not pool.expedited_allowed:
+            message = f"Pool {pool_name} does not accept expedited batches."
+            raise Rejected([error("expedited_not_allowed", message, "priority")])
+
+    # --- credit --------------------------------------------------------------------------------
+
+    async def _reserve(
+        self, batch: BatchView, pool: Pool, verdict: ValidationResult
+    ) -> tuple[BatchBilling, Pricing]:
+        """Credit at acceptance: ``(status.billing, status.pricing)``.
+
+        The gateway reserved at creation (its prices are fixed on the batch) unless the Batch
+        came from kubectl or the model had no pool then; the operator reserves the estimate now
+        in that case. The gateway estimated from the sizes on the BatchFile, which whoever may
+        write BatchFiles can change: a reservation short of the estimate of the validated input
+        is topped up now (``insufficient_credit`` when that does not fit). A tenant without a
+        CreditAccount is not limited.
+        """
+        name, spec, status = pool
+        tier_pricing = getattr(spec.tiers, tiers.tier_of(batch.spec.priority, batch.spec.metadata))
+        tier_pricing = tier_pricing.pricing
+        size = billing.BatchSize(
+            input_bytes=verdict.total_bytes,
+            requests=verdict.request_count,
+            output_token_limits=verdict.declared_output_tokens,
+            requests_without_output_limit=verdict.requests_without_output_limit,
+        )
+        throughput = status.get("throughputPerSlot")
+        entry = billing.new_reservation(
+            batch=batch.name,
+            pool_name=name,
+            pool=spec,
+            pricing=tier_pricing,
+            estimate=billing.estimate_batch(spec, tier_pricing, size, throughput),
+            created_at=int(self.clock()),
+        )
+        try:
+            hold = await self.credits.reserve(batch.namespace, entry)
+            if hold is not None and not hold.added:
+                wanted = billing.accepted_reservation(hold.entry, entry, spec, size, throughput)
+                if wanted != hold.entry:
+                    hold = await self.credits.top_up(batch.namespace, wanted) or hold
+        except (billing.InsufficientCredit, billing.TooManyReservations) as exc:
+            code = "insufficient_credit"
+            if isinstance(exc, billing.TooManyReservations):
+                code = "too_many_batches"
+            raise Rejected([error(code, str(exc))], total=verdict.request_count) from exc
+        held = hold.entry if hold is not None else None
+        fixed = held or entry
+        if fixed.mode == "GPUTime":
+            pricing = Pricing(currency=tier_pricing.currency)  # no separate token charge
+        else:
+            pricing = fixed.pricing or tier_pricing
+        charges = BatchBilling(
+            mode=fixed.mode,
+            estimated_tokens=fixed.estimated_tokens,
+            reserved=fixed.amount if held is not None else "0",
+            gpu_hour_price=fixed.gpu_hour_price,
+            account=CREDIT_ACCOUNT_NAME if held is not None else None,
+        )
+        if hold is not None and hold.added:
+            # only what this call reserved: the gateway counts its own, a rerun adds nothing
+            tenant = self.credits.tenant_label(batch.namespace)
+            metrics.CREDITS_RESERVED.labels(tenant).inc(float(hold.added))
+        return charges, pricing
