@@ -134,8 +134,12 @@ def status(state_dir: Path, as_json: bool) -> None:
     click.echo(f"  server:     {data.get('server')}")
     click.echo(f"  kubeconfig: {data.get('kubeconfig')}")
     click.echo(f"  nodes:      {', '.join(data.get('nodes') or [])}")
+    restarts = data.get("restarts") or {}
+    if restarts.get("node-agent"):
+        click.echo(f"  node agent: restarted {restarts['node-agent']} times")
     for name, pid in (data.get("components") or {}).items():
-        click.echo(f"  component:  {name} (pid {pid})")
+        state = f"pid {pid}" if pid else "restarting"
+        click.echo(f"  component:  {name} ({state}, restarts {restarts.get(name, 0)})")
 
 
 dev.add_command(devstack.setup_command)

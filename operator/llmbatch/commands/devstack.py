@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,69 +50,90 @@ def store_uri(state_dir: str) -> str:
     return f"file://{Path(state_dir).resolve()}/store"
 
 
-def components() -> dict[str, ComponentSpec]:
+@dataclass(frozen=True)
+class StackPorts:
+    """The stack's fixed ports on 127.0.0.1 (tests pick free ones, to run beside a `dev up`)."""
+
+    gateway: int = GATEWAY_PORT
+    operator_metrics: int = OPERATOR_METRICS_PORT
+    operator_health: int = OPERATOR_HEALTH_PORT
+
+
+DEFAULT_PORTS = StackPorts()
+_STORE = "file://{state_dir}/store"  # expanded by the supervisor
+
+
+def components(ports: StackPorts = DEFAULT_PORTS) -> dict[str, ComponentSpec]:
     """The stack's components, in start order (``{python}`` etc. expand in the supervisor)."""
-    store = "file://{state_dir}/store"
     return {
-        "setup": ComponentSpec(
-            name="setup",
-            command=[
-                "{python}",
-                "-m",
-                "llmbatch",
-                "dev",
-                "setup",
-                "--state-dir",
-                "{state_dir}",
-                "--kubeconfig",
-                "{kubeconfig}",
-                "--hold",
-            ],
-            ready_file="{state_dir}/setup.done",
-            ready_timeout=120,
-        ),
-        "operator": ComponentSpec(
-            name="operator",
-            command=[
-                "{python}",
-                "-m",
-                "llmbatch",
-                "operator",
-                "--kubeconfig",
-                "{kubeconfig}",
-                "--liveness-port",
-                str(OPERATOR_HEALTH_PORT),
-            ],
-            env={
-                "LLMBATCH_STORE_URI": store,
-                "LLMBATCH_METRICS_PORT": str(OPERATOR_METRICS_PORT),
-                "LLMBATCH_PRIORITY_CLASS_PREFIX": PRIORITY_CLASS_PREFIX,
-            },
-            ready_url=f"http://127.0.0.1:{OPERATOR_HEALTH_PORT}/healthz",
-            ready_timeout=90,
-        ),
-        "gateway": ComponentSpec(
-            name="gateway",
-            command=[
-                "{python}",
-                "-m",
-                "llmbatch",
-                "gateway",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(GATEWAY_PORT),
-                "--kubeconfig",
-                "{kubeconfig}",
-                "--store-uri",
-                store,
-                "--gateway-namespace",
-                SYSTEM_NAMESPACE,
-            ],
-            ready_url=f"http://127.0.0.1:{GATEWAY_PORT}/healthz",
-            ready_timeout=90,
-        ),
+        "setup": _setup_component(ports),
+        "operator": _operator_component(ports),
+        "gateway": _gateway_component(ports),
     }
+
+
+def _llmbatch(*args: str) -> list[str]:
+    return ["{python}", "-m", "llmbatch", *args]
+
+
+def _setup_component(ports: StackPorts) -> ComponentSpec:
+    return ComponentSpec(
+        name="setup",
+        command=_llmbatch(
+            "dev",
+            "setup",
+            "--state-dir",
+            "{state_dir}",
+            "--kubeconfig",
+            "{kubeconfig}",
+            "--gateway-port",
+            str(ports.gateway),
+            "--hold",
+        ),
+        ready_file="{state_dir}/setup.done",
+        ready_timeout=120,
+    )
+
+
+def _operator_component(ports: StackPorts) -> ComponentSpec:
+    return ComponentSpec(
+        name="operator",
+        command=_llmbatch(
+            "operator",
+            "--kubeconfig",
+            "{kubeconfig}",
+            "--liveness-port",
+            str(ports.operator_health),
+        ),
+        env={
+            "LLMBATCH_STORE_URI": _STORE,
+            "LLMBATCH_METRICS_PORT": str(ports.operator_metrics),
+            "LLMBATCH_PRIORITY_CLASS_PREFIX": PRIORITY_CLASS_PREFIX,
+        },
+        ready_url=f"http://127.0.0.1:{ports.operator_health}/healthz",
+        ready_timeout=90,
+    )
+
+
+def _gateway_component(ports: StackPorts) -> ComponentSpec:
+    return ComponentSpec(
+        name="gateway",
+        command=_llmbatch(
+            "gateway",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(ports.gateway),
+            "--kubeconfig",
+            "{kubeconfig}",
+            "--store-uri",
+            _STORE,
+            "--gateway-namespace",
+            SYSTEM_NAMESPACE,
+        ),
+        ready_url=f"http://127.0.0.1:{ports.gateway}/healthz",
+        ready_timeout=90,
+    )
 
 
 def demo_pool(model_folder: str, cache_dir: str) -> dict[str, Any]:
@@ -183,7 +205,7 @@ def _apply(kubeconfig: str, *objects: dict[str, Any]) -> None:
     _kubectl(kubeconfig, "apply", "-f", "-", stdin="\n".join(json.dumps(o) for o in objects))
 
 
-def setup(state_dir: Path, kubeconfig: str) -> Path:
+def setup(state_dir: Path, kubeconfig: str, gateway_port: int = GATEWAY_PORT) -> Path:
     """Idempotently prepare the cluster for the demo; returns the env file with the key."""
     from llmbatch.executor.models import MODELS, cache_dir
     from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
@@ -225,7 +247,7 @@ def setup(state_dir: Path, kubeconfig: str) -> Path:
     _apply(kubeconfig, secret)
     env_file = state_dir / DEMO_ENV_FILE
     env_file.write_text(
-        f"export OPENAI_BASE_URL=http://127.0.0.1:{GATEWAY_PORT}/v1\n"
+        f"export OPENAI_BASE_URL=http://127.0.0.1:{gateway_port}/v1\n"
         f"export OPENAI_API_KEY={key}\n"
         f"export KUBECONFIG={Path(kubeconfig).resolve()}\n"
     )
@@ -236,14 +258,17 @@ def setup(state_dir: Path, kubeconfig: str) -> Path:
 @click.command("setup")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), required=True)
+@click.option(
+    "--gateway-port", default=GATEWAY_PORT, show_default=True, help="For OPENAI_BASE_URL."
+)
 @click.option("--hold", is_flag=True, help="Stay running until SIGTERM (as a dev up component).")
-def setup_command(state_dir: Path, kubeconfig: str, hold: bool) -> None:
+def setup_command(state_dir: Path, kubeconfig: str, gateway_port: int, hold: bool) -> None:
     """Apply CRDs, namespaces, the demo pool and a demo tenant key to the dev cluster."""
     done = state_dir / "setup.done"
     done.unlink(missing_ok=True)
     if hold:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    env_file = setup(state_dir, kubeconfig)
+    env_file = setup(state_dir, kubeconfig, gateway_port)
     done.write_text(str(env_file))
     click.echo(f"demo stack set up; credentials in {env_file}")
     if hold:

@@ -1,5 +1,5 @@
 """``python -m llmbatch.devcluster supervise STATE_DIR``: the dev-cluster supervisor process;
-``… watchdog PID MARKER``: kills the cluster's processes once the supervisor is gone."""
+``… watchdog PID MARKER [RUN]``: kills the run's processes once the supervisor is gone."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 USAGE = """usage: python -m llmbatch.devcluster supervise STATE_DIR
-       python -m llmbatch.devcluster watchdog PID MARKER"""
+       python -m llmbatch.devcluster watchdog PID MARKER [RUN]"""
 
 
 def main(argv: list[str]) -> int:
@@ -15,10 +15,10 @@ def main(argv: list[str]) -> int:
         from llmbatch.devcluster.supervisor import supervise
 
         return supervise(Path(argv[1]))
-    if len(argv) == 3 and argv[0] == "watchdog":
+    if len(argv) in (3, 4) and argv[0] == "watchdog":
         from llmbatch.devcluster.procs import watchdog
 
-        watchdog(int(argv[1]), argv[2])
+        watchdog(int(argv[1]), argv[2], argv[3] if len(argv) == 4 else None)
         return 0
     print(USAGE, file=sys.stderr)
     return 2

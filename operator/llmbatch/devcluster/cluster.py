@@ -16,27 +16,19 @@ from typing import Any
 
 from llmbatch.devcluster.config import ClusterConfig, read_status
 from llmbatch.devcluster.controlplane import kubectl_binary, tail
-from llmbatch.devcluster.procs import die_with_parent, kill_marked, marked_processes
+from llmbatch.devcluster.procs import (
+    die_with_parent,
+    is_running,
+    kill_marked_and_wait,
+    kill_process_and_wait,
+    marked_processes,
+)
 
 SUPERVISOR_LOG = "supervisor.log"
 
 
 class DevClusterError(RuntimeError):
     pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in {"Z", "X"}
 
 
 @dataclass
@@ -57,8 +49,8 @@ class DevCluster:
     def status(self) -> dict[str, Any]:
         """``status.json`` of the supervisor plus ``running`` (is the supervisor alive)."""
         data = read_status(self.state_dir)
-        pid = data.get("pid")
-        data["running"] = bool(isinstance(pid, int) and _alive(pid))
+        # pid and start time: a stale file's pid may since belong to another process.
+        data["running"] = is_running(data.get("pid"), data.get("pid_start"))
         return data
 
     @property
@@ -81,6 +73,9 @@ class DevCluster:
             raise DevClusterError(
                 f"a dev cluster is already running in {state_dir} (pid {existing.status()['pid']})"
             )
+        # A previous run that was not stopped cleanly (supervisor SIGKILLed, its watchdog still
+        # sweeping): its processes go first, so that they cannot hit this run.
+        existing.clean_leftovers()
         state_dir.mkdir(parents=True, exist_ok=True)
         (state_dir / "status.json").unlink(missing_ok=True)
         cfg.save()
@@ -117,29 +112,54 @@ class DevCluster:
             time.sleep(0.1)
 
     def stop(self, timeout: float = 60.0) -> bool:
-        """Stop the supervisor (SIGTERM, then SIGKILL) and every process it started. True when a
-        running cluster was stopped."""
+        """Stop the supervisor (SIGTERM, then SIGKILL) and every process it started, and return
+        only once all of them are gone. True when a running cluster was stopped."""
         status = read_status(self.state_dir)
-        pid = self.process.pid if self.process else status.get("pid")
-        was_running = isinstance(pid, int) and _alive(pid)
+        pid: Any
+        started: Any
+        if self.process is not None:
+            pid, started = self.process.pid, None
+            was_running = self.process.poll() is None
+        else:
+            pid, started = status.get("pid"), status.get("pid_start")
+            was_running = is_running(pid, started)
         if isinstance(pid, int) and was_running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self.process is not None and self.process.poll() is not None:
-                    break
-                if self.process is None and not _alive(pid):
-                    break
-                time.sleep(0.1)
-            else:
+            if not self._wait_supervisor(pid, started, timeout):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-        if self.process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(5)
-        kill_marked(str(self.state_dir))
+                self._wait_supervisor(pid, started, 10)
+        self.clean_leftovers()
         return was_running
+
+    def _wait_supervisor(self, pid: int, started: int | None, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                return True
+            if self.process is None and not is_running(pid, started):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def clean_leftovers(self, timeout: float = 30.0) -> None:
+        """With no supervisor running: end the last run's watchdog and every process marked
+        for this state dir, and wait until they are gone (they hold ports, the etcd data dir,
+        log files). A watchdog left running would kill the next run's processes."""
+        status = read_status(self.state_dir)
+        if self.status()["running"]:
+            raise DevClusterError(f"a supervisor still runs in {self.state_dir}")
+        watchdog, started = status.get("watchdog_pid"), status.get("watchdog_start")
+        if (
+            isinstance(watchdog, int)
+            and isinstance(started, int)
+            and not kill_process_and_wait(watchdog, started, timeout)
+        ):
+            raise DevClusterError(f"watchdog {watchdog} of {self.state_dir} survived SIGKILL")
+        left = kill_marked_and_wait(str(self.state_dir), timeout)
+        if left:
+            raise DevClusterError(f"processes of {self.state_dir} survived SIGKILL: {left}")
 
     def leftover_processes(self) -> list[int]:
         """PIDs of processes started for this cluster that are still alive."""

@@ -9,6 +9,7 @@ import ctypes.util
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 # Every process the dev cluster starts carries this variable (value: the cluster's state dir), so
 # that leftovers can be found and killed, and tests can assert that none remain.
 MARKER_ENV = "LLMBATCH_DEVCLUSTER"
+# ... and this one, unique per supervisor run: a run's watchdog kills only its own run's
+# processes, never those of the next `dev up` in the same state dir.
+RUN_ENV = "LLMBATCH_DEVCLUSTER_RUN"
 
 
 def _prctl(option: int, arg: int) -> bool:
@@ -76,35 +80,86 @@ def _environ(entry: Path) -> dict[str, str]:
     return env
 
 
-def _is_zombie(entry: Path) -> bool:
+def _stat_fields(entry: Path) -> list[str] | None:
+    """``/proc/<pid>/stat`` from the state on (field 3), or None when the process is gone."""
     try:
         stat = (entry / "stat").read_text()
     except OSError:
-        return True
-    # The state follows the parenthesised command name, which may itself hold spaces.
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] in {"Z", "X"}
+        return None
+    # The fields follow the parenthesised command name, which may itself hold spaces.
+    return stat[stat.rfind(")") + 2 :].split()
 
 
-def marked_processes(marker: str) -> list[int]:
-    """PIDs of live (non-zombie) processes whose environment has ``MARKER_ENV=marker``."""
+def _is_zombie(entry: Path) -> bool:
+    fields = _stat_fields(entry)
+    return fields is None or fields[0] in {"Z", "X"}
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), None when it is gone or a zombie.
+
+    A pid plus its start time names one process for good: a pid alone may since have been
+    handed to another process (stale pid files).
+    """
+    fields = _stat_fields(Path(f"/proc/{pid}"))
+    if fields is None or fields[0] in {"Z", "X"}:
+        return None
+    return int(fields[19])  # field 22, starttime
+
+
+def is_running(pid: object, started: object) -> bool:
+    """Is the process recorded as (``pid``, ``started``) still running (not a zombie)?"""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    now = start_time(pid)
+    return now is not None and (started is None or now == started)
+
+
+def marked_processes(marker: str, run: str | None = None) -> list[int]:
+    """PIDs of live (non-zombie) processes whose environment has ``MARKER_ENV=marker`` (and
+    ``RUN_ENV=run`` when given)."""
     me = os.getpid()
     found: list[int] = []
     for entry in _proc_entries():
         pid = int(entry.name)
         if pid == me or _is_zombie(entry):
             continue
-        if _environ(entry).get(MARKER_ENV) == marker:
+        env = _environ(entry)
+        if env.get(MARKER_ENV) == marker and (run is None or env.get(RUN_ENV) == run):
             found.append(pid)
     return sorted(found)
 
 
-def kill_marked(marker: str, sig: int = signal.SIGKILL) -> list[int]:
-    """Kill every process carrying the marker; returns the PIDs signalled."""
-    pids = marked_processes(marker)
+def kill_marked(marker: str, sig: int = signal.SIGKILL, run: str | None = None) -> list[int]:
+    """Kill every process carrying the marker (of one run); returns the PIDs signalled."""
+    pids = marked_processes(marker, run)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
     return pids
+
+
+def kill_marked_and_wait(marker: str, timeout: float = 30.0, run: str | None = None) -> list[int]:
+    """SIGKILL every marked process (of one run) until none is left: a killed process keeps its
+    ports, files and pid until it has exited. The PIDs still alive after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while kill_marked(marker, run=run):
+        if time.monotonic() > deadline:
+            return marked_processes(marker, run)
+        time.sleep(0.05)
+    return []
+
+
+def kill_process_and_wait(pid: int, started: int | None, timeout: float = 10.0) -> bool:
+    """SIGKILL the process (``pid``, ``started``) and wait until it is gone; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while is_running(pid, started):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def reap_children() -> None:
@@ -118,26 +173,17 @@ def reap_children() -> None:
             return
 
 
-def watchdog(pid: int, marker: str, interval: float = 0.5) -> None:
-    """Wait for process ``pid`` to end, then kill every process carrying ``marker``.
+def watchdog(pid: int, marker: str, run: str | None = None, interval: float = 0.5) -> None:
+    """Wait for process ``pid`` to end, then kill every process carrying ``marker`` and ``run``.
 
     The supervisor starts this in its own session, so that pod processes (and their children,
-    which PR_SET_PDEATHSIG does not reach) die even when the supervisor is SIGKILLed.
+    which PR_SET_PDEATHSIG does not reach) die even when the supervisor is SIGKILLed. A clean
+    supervisor ends its watchdog itself before exiting.
     """
-    import time
-
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        except PermissionError:
-            pass
-        else:
-            if _is_zombie(Path(f"/proc/{pid}")):
-                break
+    started = start_time(pid)
+    while is_running(pid, started):
         time.sleep(interval)
     # Two sweeps: a process may fork between the scan and the kill.
     for _ in range(2):
-        kill_marked(marker)
+        kill_marked(marker, run=run)
         time.sleep(0.2)

@@ -1,8 +1,11 @@
 """The dev-cluster supervisor: one process that owns the control plane, the node agent and any
-extra component processes (operator, gateway, … added by later features as ComponentSpecs).
+extra component processes (operator, gateway, … as ComponentSpecs).
 
-Run as ``python -m llmbatch.devcluster supervise --state-dir DIR`` (``llmbatch dev up`` and the test
-fixtures do that); it reads ``DIR/config.json`` and reports in ``DIR/status.json``.
+Run as ``python -m llmbatch.devcluster supervise DIR`` (``llmbatch dev up`` and the test fixtures
+do that); it reads ``DIR/config.json`` and reports in ``DIR/status.json``. A component or the node
+agent that dies is restarted with a back-off; the control plane is not (its etcd is wiped at
+every start, so a restarted one would be an empty cluster with new certificates): when it dies
+the whole cluster stops.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmbatch.devcluster.components import DEFAULT_BACKOFF, Backoff, Component
 from llmbatch.devcluster.config import (
     STATUS_FILE,
     ClusterConfig,
@@ -27,14 +31,14 @@ from llmbatch.devcluster.config import (
     read_status,
     write_status,
 )
-from llmbatch.devcluster.controlplane import ControlPlane, tail
+from llmbatch.devcluster.controlplane import ControlPlane
 from llmbatch.devcluster.procs import (
     MARKER_ENV,
+    RUN_ENV,
     become_subreaper,
-    die_with_parent,
-    kill_marked,
+    kill_marked_and_wait,
     reap_children,
-    signal_group,
+    start_time,
 )
 
 if TYPE_CHECKING:
@@ -44,34 +48,58 @@ log = logging.getLogger(__name__)
 
 __all__ = ["STATUS_FILE", "Supervisor", "supervise"]
 
+NODE_AGENT = "node-agent"  # its name in status.json's restarts
+STARTUP_WAIT_SECONDS = 60.0
+WATCHDOG_STOP_SECONDS = 5.0
+
 
 class Supervisor:
-    def __init__(self, cfg: ClusterConfig) -> None:
+    def __init__(self, cfg: ClusterConfig, *, backoff: Backoff = DEFAULT_BACKOFF) -> None:
         self.cfg = cfg
         self.state_dir = cfg.state_dir
         self.marker = str(cfg.state_dir)
+        self.run_id = uuid.uuid4().hex
+        self.backoff = backoff
         self.controlplane = ControlPlane(
             cfg.state_dir,
             binary=cfg.binary,
             extra_args=cfg.controlplane_args,
             marker=self.marker,
         )
-        self.components: dict[str, asyncio.subprocess.Process] = {}
+        self.components: list[Component] = []
+        self.agent_restarts = 0
+        self.state = "starting"
+        self._extra: dict[str, Any] = {}
         self._stop = asyncio.Event()
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._api: client.ApiClient | None = None
+        self._agent: asyncio.Task[None] | None = None
         self.started = time.time()
 
-    def _status(self, state: str, **extra: Any) -> None:
+    # -- status.json -----------------------------------------------------------------------
+
+    def _status(self, state: str | None = None, **extra: Any) -> None:
+        if state is not None:
+            self.state = state
+        self._extra.update(extra)
+        watchdog = self._watchdog.pid if self._watchdog is not None else None
         write_status(
             self.state_dir,
-            state=state,
+            state=self.state,
             pid=os.getpid(),
+            pid_start=start_time(os.getpid()),
+            run=self.run_id,
+            watchdog_pid=watchdog,
+            watchdog_start=start_time(watchdog) if watchdog is not None else None,
             kubeconfig=str(self.cfg.kubeconfig),
             server=self.controlplane.server,
             controlplane_pid=self.controlplane.pid,
             nodes=[n.name for n in self.cfg.nodes],
-            components={name: p.pid for name, p in self.components.items()},
+            components={c.name: c.pid for c in self.components},
+            restarts={NODE_AGENT: self.agent_restarts}
+            | {c.name: c.restarts for c in self.components},
             started=self.started,
-            **extra,
+            **self._extra,
         )
 
     def _template(self, text: str) -> str:
@@ -82,52 +110,150 @@ class Supervisor:
             python=sys.executable,
         )
 
-    async def _start_component(self, spec: ComponentSpec) -> None:
-        logs = self.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+    # -- main ------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        self._prepare()
+        starting = asyncio.create_task(self._start(), name="start")
+        stop = asyncio.create_task(self._stop.wait())
+        code = 1
+        try:
+            await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()
+                code = await self._serve()
+            else:
+                log.info("stopped while starting")
+                code = 0
+        except Exception as err:
+            log.exception("dev cluster failed")
+            self._status("failed", error=str(err))
+        finally:
+            stop.cancel()
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await self._shutdown()
+            if code == 0:
+                self._status("stopped")
+            else:
+                previous = read_status(self.state_dir)
+                self._status("failed", error=previous.get("error", "see supervisor.log"))
+            self._stop_watchdog()
+        return code
+
+    async def _start(self) -> None:
+        """Control plane, node agent (Ready nodes), the default service account, components."""
+        began = time.monotonic()
+        self._api = api = await self._start_controlplane()
+        self._agent = asyncio.create_task(self._keep_agent(api), name="node agent")
+        await self._wait_nodes_ready(api, STARTUP_WAIT_SECONDS)
+        await self._wait_default_serviceaccount(api, STARTUP_WAIT_SECONDS)
+        await self._start_components()
+        self._status(
+            "ready",
+            ready_seconds=round(time.monotonic() - began, 3),
+            controlplane_ready_seconds=self.controlplane.ready_seconds,
+        )
+        log.info("dev cluster ready in %.1fs", time.monotonic() - began)
+
+    def _prepare(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self._stop.set)
+        become_subreaper()
+        # Every process started from here on (control plane, components) inherits the run id.
+        os.environ[RUN_ENV] = self.run_id
+        # Leftovers of a supervisor that was SIGKILLed: gone (with their ports and files)
+        # before this run starts its own.
+        kill_marked_and_wait(self.marker)
+        self._start_watchdog()
+        self._status("starting")
+
+    async def _start_controlplane(self) -> client.ApiClient:
+        loop = asyncio.get_running_loop()
+        # Import the (slow to import) Kubernetes client while the control plane boots.
+        self.controlplane.launch()
+        from llmbatch.devcluster.kubeclient import api_client
+
+        await loop.run_in_executor(None, self.controlplane.wait_ready, self.cfg.start_timeout)
+        self._status("starting")
+        return await api_client(self.cfg.kubeconfig)
+
+    async def _start_components(self) -> None:
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.cfg.kubeconfig)
         env[MARKER_ENV] = self.marker
-        env.update({k: self._template(v) for k, v in spec.env.items()})
-        with (logs / f"{spec.name}.log").open("ab") as out:
-            proc = await asyncio.create_subprocess_exec(
-                *[self._template(a) for a in spec.command],
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
+        for spec in self.cfg.components:
+            component = Component(
+                spec,
                 env=env,
-                cwd=spec.cwd,
-                start_new_session=True,
-                preexec_fn=partial(die_with_parent, signal.SIGTERM),
+                template=self._template,
+                logs=self.state_dir / "logs",
+                backoff=self.backoff,
+                changed=self._status,
             )
-        self.components[spec.name] = proc
-        deadline = time.monotonic() + spec.ready_timeout
-        while spec.ready_url or spec.ready_file:
-            if spec.ready_file and Path(self._template(spec.ready_file)).exists():
-                break
-            if spec.ready_url and await _http_ok(self._template(spec.ready_url)):
-                break
-            if proc.returncode is not None:
-                raise RuntimeError(
-                    f"component {spec.name} exited with {proc.returncode}:\n"
-                    + tail(logs / f"{spec.name}.log")
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"component {spec.name} not ready in {spec.ready_timeout:g}s")
-            await asyncio.sleep(0.2)
+            self.components.append(component)
+            await component.start()
+        for component in self.components:
+            component.keep_running()
 
-    async def _stop_components(self) -> None:
-        specs = {c.name: c for c in self.cfg.components}
-        for name in reversed(list(self.components)):
-            proc = self.components[name]
-            if proc.returncode is not None:
-                continue
-            signal_group(proc.pid, signal.SIGTERM)
+    async def _serve(self) -> int:
+        """Until SIGTERM (0) or the control plane's death (1)."""
+        stop = asyncio.create_task(self._stop.wait())
+        controlplane = asyncio.create_task(self._wait_controlplane())
+        done, _ = await asyncio.wait({stop, controlplane}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        controlplane.cancel()
+        if stop in done:
+            return 0
+        error = f"the control plane exited with {self.controlplane.returncode}"
+        log.error("%s; shutting the dev cluster down (`llmbatch dev up` starts a new one)", error)
+        self._status(error=error)
+        return 1
+
+    async def _shutdown(self) -> None:
+        self._status("stopping")
+        for component in reversed(self.components):
+            await component.stop()
+        if self._agent is not None:
+            self._agent.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._agent
+        if self._api is not None:
+            await self._api.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.controlplane.stop)
+        kill_marked_and_wait(self.marker, run=self.run_id)
+        reap_children()
+
+    # -- the node agent --------------------------------------------------------------------
+
+    async def _keep_agent(self, api: client.ApiClient) -> None:
+        """Run the node agent; restart it after a back-off when it fails."""
+        from llmbatch.devcluster.nodeagent import NodeAgent
+
+        pki = self.state_dir / "controlplane" / "pki"
+        cert = (pki / "kubelet.crt", pki / "kubelet.key")
+        delay: float | None = None
+        while True:
+            agent = NodeAgent(
+                api,
+                self.cfg.nodes,
+                self.state_dir,
+                marker=self.marker,
+                extra_env={**self.cfg.pod_env, RUN_ENV: self.run_id},
+                kubelet_cert=cert if cert[0].is_file() else None,
+            )
+            began = time.monotonic()
             try:
-                await asyncio.wait_for(proc.wait(), specs[name].stop_grace if name in specs else 10)
-            except TimeoutError:
-                signal_group(proc.pid, signal.SIGKILL)
-                await proc.wait()
+                await agent.run()
+            except Exception:
+                log.exception("the node agent failed")
+            ran = time.monotonic() - began
+            delay = self.backoff.next(delay, ran)
+            self.agent_restarts += 1
+            log.error("node agent restart %d in %gs", self.agent_restarts, delay)
+            self._status()
+            await asyncio.sleep(delay)
 
     async def _wait_nodes_ready(self, api: client.ApiClient, timeout: float) -> None:
         from kubernetes_asyncio import client
@@ -137,16 +263,7 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         while True:
             nodes = await core.list_node()
-            ready = set()
-            for node in nodes.items:
-                taints = {t.key for t in node.spec.taints or []}
-                conditions = {c.type: c.status for c in node.status.conditions or []}
-                if (
-                    conditions.get("Ready") == "True"
-                    and "node.kubernetes.io/not-ready" not in taints
-                    and "node.kubernetes.io/unreachable" not in taints
-                ):
-                    ready.add(node.metadata.name)
+            ready = {node.metadata.name for node in nodes.items if _node_ready(node)}
             if names <= ready:
                 return
             if time.monotonic() > deadline:
@@ -166,100 +283,19 @@ class Supervisor:
                 raise RuntimeError("default service account not created")
             await asyncio.sleep(0.2)
 
-    async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, self._stop.set)
-        become_subreaper()
-        kill_marked(self.marker)  # leftovers of a supervisor that was SIGKILLed
-        self._start_watchdog()
-        self._status("starting")
-        began = time.monotonic()
-        agent_task: asyncio.Task[None] | None = None
-        api: client.ApiClient | None = None
-        code = 0
-        try:
-            # Import the (slow to import) Kubernetes client while the control plane boots.
-            self.controlplane.launch()
-            from llmbatch.devcluster.kubeclient import api_client
-            from llmbatch.devcluster.nodeagent import NodeAgent
+    # -- the control plane and the watchdog ------------------------------------------------
 
-            await loop.run_in_executor(None, self.controlplane.wait_ready, self.cfg.start_timeout)
-            self._status("starting")
-            api = await api_client(self.cfg.kubeconfig)
-            pki = self.state_dir / "controlplane" / "pki"
-            cert = (pki / "kubelet.crt", pki / "kubelet.key")
-            agent = NodeAgent(
-                api,
-                self.cfg.nodes,
-                self.state_dir,
-                marker=self.marker,
-                extra_env=self.cfg.pod_env,
-                kubelet_cert=cert if cert[0].is_file() else None,
-            )
-            agent_task = asyncio.create_task(agent.run(), name="node agent")
-            registered = asyncio.create_task(agent.registered.wait())
-            await asyncio.wait({agent_task, registered}, return_when=asyncio.FIRST_COMPLETED)
-            if agent_task.done():
-                agent_task.result()
-            await self._wait_nodes_ready(api, 60)
-            await self._wait_default_serviceaccount(api, 60)
-            for spec in self.cfg.components:
-                await self._start_component(spec)
-            self._status(
-                "ready",
-                ready_seconds=round(time.monotonic() - began, 3),
-                controlplane_ready_seconds=self.controlplane.ready_seconds,
-            )
-            log.info("dev cluster ready in %.1fs", time.monotonic() - began)
-            stop = asyncio.create_task(self._stop.wait())
-            watched: set[asyncio.Future[Any]] = {stop, agent_task}
-            watched |= {asyncio.ensure_future(p.wait()) for p in self.components.values()}
-            cp_exit = asyncio.ensure_future(self._wait_controlplane())
-            watched.add(cp_exit)
-            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            for fut in watched:
-                if fut not in done:
-                    fut.cancel()
-            if stop not in done:
-                code = 1
-                log.error("a component stopped unexpectedly; shutting the dev cluster down")
-        except Exception as err:
-            log.exception("dev cluster failed")
-            self._status("failed", error=str(err))
-            code = 1
-        finally:
-            self._status("stopping")
-            await self._stop_components()
-            if agent_task is not None:
-                agent_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await agent_task
-            if api is not None:
-                await api.close()
-            await loop.run_in_executor(None, self.controlplane.stop)
-            kill_marked(self.marker)
-            reap_children()
-            if code == 0:
-                self._status("stopped")
-            else:
-                previous = read_status(self.state_dir)
-                self._status("failed", error=previous.get("error", "see supervisor.log"))
-        return code
+    async def _wait_controlplane(self) -> None:
+        while self.controlplane.process and self.controlplane.process.poll() is None:
+            await asyncio.sleep(0.5)
 
     def _start_watchdog(self) -> None:
-        """A separate process that kills everything carrying the marker once this one is gone
-        (even by SIGKILL). It has no marker itself, and its own session."""
-        env = {k: v for k, v in os.environ.items() if k != MARKER_ENV}
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "llmbatch.devcluster",
-                "watchdog",
-                str(os.getpid()),
-                self.marker,
-            ],
+        """A separate process that kills this run's processes once this one is gone (even by
+        SIGKILL). It has no marker itself, and its own session; a clean exit ends it first."""
+        env = {k: v for k, v in os.environ.items() if k not in (MARKER_ENV, RUN_ENV)}
+        argv = ["-m", "llmbatch.devcluster", "watchdog", str(os.getpid()), self.marker]
+        self._watchdog = subprocess.Popen(
+            [sys.executable, *argv, self.run_id],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -267,32 +303,26 @@ class Supervisor:
             start_new_session=True,
         )
 
-    async def _wait_controlplane(self) -> None:
-        while self.controlplane.process and self.controlplane.process.poll() is None:
-            await asyncio.sleep(0.5)
+    def _stop_watchdog(self) -> None:
+        """Everything is stopped: end the watchdog, so that nothing of this run outlives it."""
+        if self._watchdog is None:
+            return
+        self._watchdog.terminate()
+        try:
+            self._watchdog.wait(WATCHDOG_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self._watchdog.kill()
+            self._watchdog.wait()
 
 
-async def _http_ok(url: str) -> bool:
-    import urllib.parse
-
-    parsed = urllib.parse.urlsplit(url)
-    host = parsed.hostname or "127.0.0.1"
-    port = parsed.port or 80
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
-    except (OSError, TimeoutError):
-        return False
-    try:
-        path = parsed.path or "/"
-        writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-        await writer.drain()
-        line = await asyncio.wait_for(reader.readline(), 2)
-        parts = line.split()
-        return len(parts) >= 2 and parts[1][:1] in (b"2", b"3")
-    except (OSError, TimeoutError):
-        return False
-    finally:
-        writer.close()
+def _node_ready(node: Any) -> bool:
+    taints = {t.key for t in node.spec.taints or []}
+    conditions = {c.type: c.status for c in node.status.conditions or []}
+    return (
+        conditions.get("Ready") == "True"
+        and "node.kubernetes.io/not-ready" not in taints
+        and "node.kubernetes.io/unreachable" not in taints
+    )
 
 
 def supervise(state_dir: Path, *, components: Sequence[ComponentSpec] = ()) -> int:
