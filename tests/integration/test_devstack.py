@@ -116,7 +116,10 @@ def test_a_killed_operator_comes_back_while_the_gateway_serves(tmp_path: Path) -
     """kill -9 of the operator during `dev up`: the gateway keeps answering, the supervisor
     restarts the operator (logged and counted), and a batch submitted meanwhile completes."""
     ports = devstack.StackPorts(
-        gateway=free_port(), operator_metrics=free_port(), operator_health=free_port()
+        gateway=free_port(),
+        gateway_metrics=free_port(),
+        operator_metrics=free_port(),
+        operator_health=free_port(),
     )
     state_dir = tmp_path / "stack"
     cfg = ClusterConfig(

@@ -32,6 +32,7 @@ DEMO_POOL = "smollm2-cpu"
 GATEWAY_PORT = 8000
 OPERATOR_METRICS_PORT = 9464
 OPERATOR_HEALTH_PORT = 9465
+GATEWAY_METRICS_PORT = 9090
 PRIORITY_CLASS_PREFIX = "llmbatch"
 DEMO_ENV_FILE = "demo.env"
 CPU_ENGINE_ENV = {
@@ -55,6 +56,7 @@ class StackPorts:
     """The stack's fixed ports on 127.0.0.1 (tests pick free ones, to run beside a `dev up`)."""
 
     gateway: int = GATEWAY_PORT
+    gateway_metrics: int = GATEWAY_METRICS_PORT
     operator_metrics: int = OPERATOR_METRICS_PORT
     operator_health: int = OPERATOR_HEALTH_PORT
 
@@ -130,6 +132,8 @@ def _gateway_component(ports: StackPorts) -> ComponentSpec:
             _STORE,
             "--gateway-namespace",
             SYSTEM_NAMESPACE,
+            "--metrics-port",
+            str(ports.gateway_metrics),
         ),
         ready_url=f"http://127.0.0.1:{ports.gateway}/healthz",
         ready_timeout=90,
