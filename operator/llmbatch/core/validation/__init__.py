@@ -1,0 +1,43 @@
+"""Streaming validation of a batch input file, and the shard plan that falls out of it.
+
+Bytes go in chunk by chunk (``LineValidator.feed``); the whole file is never held in memory. Every
+line is checked against the OpenAI batch rules (``shared/openai-batch-contract.md``) plus our
+limits; the first ``max_errors`` problems are kept with 1-based line numbers. While reading, the
+validator also cuts the file into shards: contiguous byte ranges on line boundaries holding at most
+``shard_requests`` requests each.
+
+One module per concern: ``errors`` (typed problems), ``limits`` (endpoints and limits),
+``request`` (one line on its own, fast path first), ``shards`` (the plan), ``lines`` (BOM, CRLF,
+blank lines) and ``stream`` (the validator that ties them together).
+"""
+
+from __future__ import annotations
+
+from llmbatch.core.validation.errors import ErrorCode, InvalidLine, UnsupportedEndpoint
+from llmbatch.core.validation.limits import (
+    OUTPUT_TOKEN_FIELDS,
+    SUPPORTED_ENDPOINTS,
+    ValidationLimits,
+    normalize_endpoint,
+)
+from llmbatch.core.validation.lines import UTF8_BOM, iter_lines
+from llmbatch.core.validation.request import check_request
+from llmbatch.core.validation.shards import ShardRange
+from llmbatch.core.validation.stream import LineValidator, ValidationResult, validate_stream
+
+__all__ = [
+    "OUTPUT_TOKEN_FIELDS",
+    "SUPPORTED_ENDPOINTS",
+    "UTF8_BOM",
+    "ErrorCode",
+    "InvalidLine",
+    "LineValidator",
+    "ShardRange",
+    "UnsupportedEndpoint",
+    "ValidationLimits",
+    "ValidationResult",
+    "check_request",
+    "iter_lines",
+    "normalize_endpoint",
+    "validate_stream",
+]

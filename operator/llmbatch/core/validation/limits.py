@@ -1,0 +1,32 @@
+"""The endpoints a batch may call and the limits a file is validated against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+OUTPUT_TOKEN_FIELDS: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+GENERATIVE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+"""Endpoints whose requests generate tokens, so an output-token limit means something."""
+
+
+def normalize_endpoint(url: str) -> str | None:
+    """``/openai/v1/x`` and ``/v1/x`` name the same endpoint; ``None`` when unsupported."""
+    path = url.strip()
+    if path.startswith("/openai/v1/"):
+        path = path.removeprefix("/openai")
+    path = path.rstrip("/")
+    return path if path in SUPPORTED_ENDPOINTS else None
+
+
+@dataclass(frozen=True)
+class ValidationLimits:
+    """Limits applied while validating; pools may lower them (see ``BatchPool.spec.limits``)."""
+
+    max_requests: int = 50_000
+    max_bytes: int = 200_000_000
+    max_line_bytes: int = 8 * 1024 * 1024
+    max_custom_id_length: int = 512
+    max_json_depth: int = 64
+    max_errors: int = 100
+    require_output_token_limit: bool = False
