@@ -33,61 +33,72 @@ def to_structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any
     schema = _resolve(schema, defs)
     variants = schema.get("anyOf")
     if variants is not None:
-        non_null = [v for v in variants if v.get("type") != "null"]
-        if len(non_null) != 1:
-            raise ValueError(f"unions are not structural: {schema}")
-        inner = dict(_resolve(non_null[0], defs))
-        for key in ("description", "default"):
-            if key in schema:
-                inner[key] = schema[key]
-        return to_structural(inner, defs)
+        return to_structural(_unwrap_optional(schema, variants, defs), defs)
 
-    out: dict[str, Any] = {}
-    for key in _KEEP_KEYS:
-        if key in schema:
-            out[key] = schema[key]
+    out: dict[str, Any] = {key: schema[key] for key in _KEEP_KEYS if key in schema}
     if "const" in schema:
         out["type"] = "string"
         out["enum"] = [schema["const"]]
     elif "enum" in schema:
         out["type"] = "string"
         out["enum"] = list(schema["enum"])
-    kind = schema.get("type")
-    if kind == "object" or "properties" in schema:
-        out["type"] = "object"
-        props = schema.get("properties")
-        if props is not None:
-            out["properties"] = {name: to_structural(sub, defs) for name, sub in props.items()}
-            required = schema.get("required")
-            if required:
-                out["required"] = list(required)
-        else:
-            extra = schema.get("additionalProperties", True)
-            if extra is True or extra == {}:
-                out["x-kubernetes-preserve-unknown-fields"] = True
-            else:
-                out["additionalProperties"] = to_structural(extra, defs)
-            for key, target in _MAP_KEYS.items():
-                if key in schema:
-                    out[target] = schema[key]
-    elif kind == "array":
-        out["type"] = "array"
-        out["items"] = to_structural(schema["items"], defs)
-        for key, target in _LIST_KEYS.items():
-            if key in schema:
-                out[target] = schema[key]
-    elif kind == "integer":
-        out["type"] = "integer"
-        out["format"] = "int64"
-    elif kind in ("string", "boolean"):
-        out["type"] = kind
-    elif kind == "number":
-        raise ValueError("floats are not allowed in CRDs; use a decimal string")
-    elif "type" not in out:
-        raise ValueError(f"cannot convert schema node: {schema}")
+    out.update(_typed_keys(schema, defs, typed="type" in out))
     default = schema.get("default")
     if isinstance(default, str | int | bool) and not isinstance(default, dict | list):
         out["default"] = default
+    return out
+
+
+def _unwrap_optional(
+    schema: dict[str, Any], variants: list[dict[str, Any]], defs: dict[str, Any]
+) -> dict[str, Any]:
+    """``Optional[X]`` is ``anyOf: [X, null]``: X, keeping the field's description and default."""
+    non_null = [v for v in variants if v.get("type") != "null"]
+    if len(non_null) != 1:
+        raise ValueError(f"unions are not structural: {schema}")
+    inner = dict(_resolve(non_null[0], defs))
+    for key in ("description", "default"):
+        if key in schema:
+            inner[key] = schema[key]
+    return inner
+
+
+def _typed_keys(schema: dict[str, Any], defs: dict[str, Any], *, typed: bool) -> dict[str, Any]:
+    """The keys a node's JSON type brings; ``typed``: an enum already gave the node its type."""
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        return _object_keys(schema, defs)
+    if kind == "array":
+        out: dict[str, Any] = {"type": "array", "items": to_structural(schema["items"], defs)}
+        out.update({target: schema[key] for key, target in _LIST_KEYS.items() if key in schema})
+        return out
+    if kind == "integer":
+        return {"type": "integer", "format": "int64"}
+    if kind in ("string", "boolean"):
+        return {"type": kind}
+    if kind == "number":
+        raise ValueError("floats are not allowed in CRDs; use a decimal string")
+    if not typed:
+        raise ValueError(f"cannot convert schema node: {schema}")
+    return {}
+
+
+def _object_keys(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """A model (its properties) or a map (its value schema, or any value preserved)."""
+    out: dict[str, Any] = {"type": "object"}
+    props = schema.get("properties")
+    if props is not None:
+        out["properties"] = {name: to_structural(sub, defs) for name, sub in props.items()}
+        required = schema.get("required")
+        if required:
+            out["required"] = list(required)
+        return out
+    extra = schema.get("additionalProperties", True)
+    if extra is True or extra == {}:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    else:
+        out["additionalProperties"] = to_structural(extra, defs)
+    out.update({target: schema[key] for key, target in _MAP_KEYS.items() if key in schema})
     return out
 
 

@@ -1,0 +1,262 @@
+"""The Batch resource: an OpenAI batch, its spec (immutable but cancel) and its status."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, StringConstraints
+
+from llmbatch.api.resources.base import Conditions, CRModel, Pricing
+from llmbatch.api.resources.fields import (
+    BillingMode,
+    Decimal,
+    DNSName,
+    Label,
+    ObjectID,
+    ShortText,
+    StoreKey,
+    Text,
+    Tier,
+)
+
+
+class Phase(enum.StrEnum):
+    """The OpenAI batch statuses, the lifecycle of a Batch (docs/architecture.md)."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+BatchPhase = Literal[
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
+"""The values of :class:`Phase`, as the CRD schema lists them."""
+EndpointPath = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+
+
+class InlineRequest(CRModel):
+    """One request given inline instead of an input file (same fields as an input line)."""
+
+    custom_id: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
+        alias="customID"
+    )
+    """The caller's id, unique within the batch."""
+    method: Literal["POST"] = "POST"
+    """HTTP method; always POST."""
+    url: Annotated[str, StringConstraints(max_length=64)]
+    """Endpoint path; must equal spec.endpoint."""
+    body: dict[str, Any]
+    """The request body, exactly as the endpoint takes it."""
+
+
+class BatchSpec(CRModel):
+    """What the user asked for. Everything but cancel is immutable after creation."""
+
+    endpoint: EndpointPath
+    """The API every request in the batch calls."""
+    input_file_id: ObjectID | None = Field(default=None, alias="inputFileID")
+    """Id of the BatchFile (purpose batch) with the requests; exactly one of this and requests."""
+    requests: Annotated[list[InlineRequest], Field(max_length=1000)] | None = None
+    """Requests given inline; exactly one of this and inputFileID."""
+    completion_window: Annotated[
+        str, StringConstraints(max_length=8, pattern=r"^[1-9][0-9]{0,5}[smh]$")
+    ] = "24h"
+    """Time budget: 24h through the OpenAI API; kubectl users may give seconds or minutes."""
+    priority: Tier = "standard"
+    """Scheduling tier; expedited runs ahead of standard, flex last (metadata.tier=flex)."""
+    model: ShortText | None = None
+    """Display hint for the model; validation settles the real one from the input."""
+    pool: DNSName | None = None
+    """Name of the BatchPool to run on; by default the pool serving the model."""
+    metadata: (
+        Annotated[
+            dict[str, Annotated[str, StringConstraints(max_length=512)]], Field(max_length=16)
+        ]
+        | None
+    ) = None
+    """Up to 16 key/value pairs echoed back; keys ≤ 64 characters, values ≤ 512."""
+    output_expires_after_seconds: Annotated[int, Field(ge=3600, le=2592000)] | None = None
+    """Lifetime of the output and error files after their creation (default: 7 days)."""
+    cancel: bool = False
+    """Set to true to cancel: running requests stop, finished results are kept."""
+
+    immutable: ClassVar[tuple[str, ...]] = (
+        "endpoint",
+        "input_file_id",
+        "requests",
+        "completion_window",
+        "priority",
+        "pool",
+        "metadata",
+        "output_expires_after_seconds",
+    )
+
+
+class RequestCounts(CRModel):
+    """Request counts; completed + failed == total once the batch is terminal."""
+
+    total: int = 0
+    """Requests in the input."""
+    completed: int = 0
+    """Requests with a line in the output file."""
+    failed: int = 0
+    """Requests with a line in the error file."""
+
+
+class Usage(CRModel):
+    """Token usage of the successful requests (what is billed)."""
+
+    input_tokens: int = 0
+    """Prompt tokens."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache."""
+    output_tokens: int = 0
+    """Generated tokens."""
+    reasoning_tokens: int = 0
+    """Generated reasoning tokens."""
+    total_tokens: int = 0
+    """input + output tokens."""
+
+
+class ValidationError(CRModel):
+    """One problem found in the input (OpenAI errors.data item)."""
+
+    code: Label
+    """Stable error code, e.g. invalid_json_line."""
+    message: Text
+    """What is wrong."""
+    param: ShortText | None = None
+    """The offending field, when there is one."""
+    line: int | None = None
+    """1-based line of the input file."""
+
+
+class ShardStatus(CRModel):
+    """One shard: a byte range of the input run by one Job."""
+
+    index: int
+    """Position of the shard in the plan."""
+    start: int
+    """First byte of the range."""
+    end: int
+    """Byte after the range."""
+    first_line: int
+    """Line number of the range's first line."""
+    line_count: int
+    """Physical lines in the range (blank ones included)."""
+    request_count: int
+    """Requests in the range."""
+    phase: Literal["Pending", "Admitted", "Running", "Succeeded", "Failed", "Stopped"] = "Pending"
+    """Pending (queued), Admitted (Job unsuspended), Running, Succeeded, Failed, Stopped."""
+    job: DNSName | None = None
+    """Name of the shard's Job."""
+    completed: int = 0
+    """Requests of this shard in output chunks."""
+    failed: int = 0
+    """Requests of this shard in error chunks."""
+    preemptions: int = 0
+    """Times this shard was suspended for higher-priority work."""
+    run_seconds: int = 0
+    """Seconds the shard's pod held its slot in finished runs (GPU time billing)."""
+    running_since: int | None = None
+    """Unix seconds the current run started, while one is under way."""
+    message: Text | None = None
+    """Why the shard failed, when it did."""
+    reruns: int = 0
+    """Times the operator re-ran the shard because its Job succeeded without a result for every
+    request of the range (a broken executor invariant; each run gets its own Job)."""
+
+
+class BatchBilling(CRModel):
+    """Credit held for the batch while it runs, and when its cost was charged (docs/billing.md)."""
+
+    mode: BillingMode = "Tokens"
+    """How the batch is charged, fixed at acceptance from its pool."""
+    gpu_hour_price: Decimal | None = None
+    """Price of one GPU-hour, fixed at acceptance (GPUTime mode)."""
+    account: DNSName | None = None
+    """The tenant's CreditAccount holding the reservation; absent: the tenant has no account."""
+    estimated_tokens: int = 0
+    """Input plus output tokens estimated at acceptance (the tenant's queued-token quota)."""
+    reserved: Decimal = "0"
+    """Credit reserved at acceptance; released when the batch ends."""
+    gpu_seconds: int | None = None
+    """GPU-seconds used by the shards (GPUTime mode), including work before a cancel."""
+    settled_at: int | None = None
+    """Unix seconds: the reservation was released and the cost charged (never twice)."""
+
+
+class BatchStatus(CRModel):
+    """The OpenAI Batch object's fields plus the operator's bookkeeping."""
+
+    status: Phase | None = None
+    """OpenAI status: validating, in_progress, finalizing, completed, failed, expired, ..."""
+    model: ShortText | None = None
+    """The model every request uses, settled by validation."""
+    pool: DNSName | None = None
+    """The BatchPool running the batch."""
+    worker_namespace: DNSName | None = None
+    """Where the batch's shard Jobs run (the pool's worker namespace at acceptance), so they are
+    found and removed even after the pool is deleted."""
+    gpus_per_slot: int | None = None
+    """GPUs per shard pod of the pool at acceptance (GPU-time billing after a pool is gone)."""
+    request_counts: RequestCounts | None = None
+    """Request counts."""
+    usage: Usage | None = None
+    """Token usage of successful requests."""
+    errors: Annotated[list[ValidationError], Field(max_length=100)] | None = None
+    """Validation errors (first 100) when the input was rejected."""
+    output_file_id: ObjectID | None = Field(default=None, alias="outputFileID")
+    """Id of the BatchFile with successful results."""
+    error_file_id: ObjectID | None = Field(default=None, alias="errorFileID")
+    """Id of the BatchFile with failed requests."""
+    input_key: StoreKey | None = None
+    """Store key of the input the shards read."""
+    input_bytes: int | None = None
+    """Size of the input in bytes."""
+    created_at: int | None = None
+    """Unix seconds: creation."""
+    in_progress_at: int | None = None
+    """Unix seconds: validation passed."""
+    expires_at: int | None = None
+    """Unix seconds: end of the completion window."""
+    finalizing_at: int | None = None
+    """Unix seconds: finalizing started."""
+    completed_at: int | None = None
+    """Unix seconds: completed."""
+    failed_at: int | None = None
+    """Unix seconds: failed."""
+    expired_at: int | None = None
+    """Unix seconds: expired."""
+    cancelling_at: int | None = None
+    """Unix seconds: cancel requested."""
+    cancelled_at: int | None = None
+    """Unix seconds: cancelled."""
+    shards: Annotated[list[ShardStatus], Field(max_length=1000)] | None = None
+    """The shard plan and each shard's state."""
+    pricing: Pricing | None = None
+    """Token prices fixed at acceptance for the batch's tier."""
+    cost: Decimal | None = None
+    """Cost of the successful requests at the fixed prices (GPU time on a private pool)."""
+    billing: BatchBilling | None = None
+    """Credit reservation and charge of the batch."""
+    conditions: Conditions | None = None
+    """Lifecycle conditions."""
+    observed_generation: int | None = None
+    """The metadata.generation last acted on."""
+    work_removed_at: int | None = None
+    """Unix seconds: retention removed the work area (shard specs, chunks, progress)."""

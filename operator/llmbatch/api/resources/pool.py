@@ -1,0 +1,236 @@
+"""The BatchPool resource: GPU slots serving models, their executor, tiers, limits and billing."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from llmbatch.api.resources.base import Conditions, CRModel, Pricing
+from llmbatch.api.resources.fields import (
+    BillingMode,
+    Decimal,
+    DNSName,
+    Label,
+    Quantity,
+    ShortText,
+)
+
+
+class PoolModel(CRModel):
+    """One model a pool serves."""
+
+    name: ShortText
+    """The model id clients put in body.model."""
+    source: Annotated[str, StringConstraints(max_length=1024)]
+    """Where the executor loads it: a path in the image/model cache, or a registry name."""
+    revision: ShortText | None = None
+    """Pinned revision (commit or tag) of the weights."""
+    runner: Literal["generate", "pooling"] = "generate"
+    """generate for chat/completions, pooling for embeddings."""
+
+
+class Toleration(CRModel):
+    """A pod toleration (as in core/v1)."""
+
+    key: ShortText | None = None
+    """Taint key; empty with operator Exists matches every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists or Equal."""
+    value: ShortText | None = None
+    """Taint value for Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all."""
+    toleration_seconds: int | None = None
+    """How long a NoExecute taint is tolerated."""
+
+
+class EnvVar(CRModel):
+    """An environment variable of shard pods (plain values only; secrets via storeSecretName)."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    """Variable name."""
+    value: Annotated[str, StringConstraints(max_length=4096)] = ""
+    """Variable value."""
+
+
+class ModelCache(CRModel):
+    """A PersistentVolumeClaim with model weights, mounted into every shard pod of the pool."""
+
+    claim_name: DNSName
+    """Name of the PersistentVolumeClaim in the pool's worker namespace."""
+    mount_path: Annotated[str, StringConstraints(pattern=r"^/", max_length=512)] = "/models"
+    """Where the weights appear in the pod; point the model sources below it."""
+    read_only: bool = True
+    """Mount read-only (ReadOnlyMany claims shared by every slot)."""
+
+
+class ExecutorSpec(CRModel):
+    """How shard pods run."""
+
+    image: Annotated[str, StringConstraints(max_length=512)] = (
+        "ghcr.io/llm-batch-operator/llm-batch-executor:0.1.0"
+    )
+    """Executor container image."""
+    engine: Literal["vllm", "simulated"] = "vllm"
+    """vllm in production; simulated only for control-plane load tests."""
+    engine_args: Annotated[list[ShortText], Field(max_length=64)] | None = None
+    """Extra vLLM engine arguments, e.g. --max-num-seqs=64."""
+    env: Annotated[list[EnvVar], Field(max_length=64)] | None = None
+    """Extra environment of shard pods, e.g. VLLM_CPU_KVCACHE_SPACE."""
+    cpu: Quantity | None = None
+    """CPU request and limit of a shard pod."""
+    memory: Quantity | None = None
+    """Memory request and limit of a shard pod."""
+    model_cache: ModelCache | None = None
+    """Volume holding the model weights (no download at pod start)."""
+    shm_size: Quantity | None = None
+    """Size of a memory-backed /dev/shm (vLLM's tensor-parallel workers need more than 64Mi)."""
+    flush_lines: Annotated[int, Field(ge=1, le=100000)] = 1000
+    """An executor commits a result chunk every this many results..."""
+    flush_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
+    """...or this many seconds, whichever comes first (progress moves with the chunks)."""
+    backoff_limit: Annotated[int, Field(ge=0, le=20)] = 3
+    """Failed attempts (not counting preemptions) before a shard is given up."""
+    termination_grace_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
+    """Time a shard pod gets to flush after SIGTERM."""
+    service_account_name: DNSName | None = None
+    """ServiceAccount of shard pods (no token is mounted)."""
+    store_secret_name: DNSName | None = None
+    """Secret in the worker namespace with object-store credentials."""
+
+
+class TierSettings(CRModel):
+    """Per-tier scheduling and price."""
+
+    drain_target_seconds: Annotated[int, Field(ge=1)]
+    """How soon the tier's backlog should be drained; sets desired slots."""
+    pricing: Pricing = Field(default_factory=Pricing)
+    """Price per 1M tokens for this tier."""
+
+
+class PoolLimits(CRModel):
+    """Per-batch limits, checked by the gateway at creation and again at validation."""
+
+    max_requests: Annotated[int, Field(ge=1, le=50000)] | None = None
+    """Most requests in one batch; default 1000, or 95 on a private (GPUTime) pool."""
+    max_bytes: Annotated[int, Field(ge=1, le=268435456)] = 268435456
+    """Largest input file in bytes (default 256 MiB)."""
+    max_line_bytes: Annotated[int, Field(ge=1024, le=67108864)] = 8388608
+    """Largest input line in bytes."""
+    require_output_token_limit: bool = False
+    """Every request must set max_tokens or max_completion_tokens."""
+    max_queued_requests: Annotated[int, Field(ge=1)] | None = None
+    """Most requests waiting in the pool's queue before new batches are refused (429)."""
+
+
+def _default_tiers() -> dict[str, TierSettings]:
+    return {
+        "expedited": TierSettings(drain_target_seconds=600),
+        "standard": TierSettings(drain_target_seconds=43200),
+        "flex": TierSettings(drain_target_seconds=172800),
+    }
+
+
+class PoolTiers(CRModel):
+    """Settings of each tier."""
+
+    expedited: TierSettings = Field(default_factory=lambda: _default_tiers()["expedited"])
+    """Expedited: tightest drain target, online price."""
+    standard: TierSettings = Field(default_factory=lambda: _default_tiers()["standard"])
+    """Standard: the batch price."""
+    flex: TierSettings = Field(default_factory=lambda: _default_tiers()["flex"])
+    """Flex: lowest priority and price, 72h window."""
+
+
+class PoolBilling(CRModel):
+    """How batches on this pool are charged against their tenant's CreditAccount."""
+
+    mode: BillingMode = "Tokens"
+    """Tokens: catalog, successful results at token prices; GPUTime: private, GPU time billed."""
+    gpu_hour_price: Decimal = "0"
+    """Price of one GPU-hour in GPUTime mode (a slot holds gpusPerSlot GPUs)."""
+    default_output_tokens: Annotated[int, Field(ge=1, le=1048576)] = 1024
+    """Output tokens assumed, when estimating credit, for a request without an output limit."""
+
+
+class PoolRetention(CRModel):
+    """File retention of the pool's batches; nothing a running batch references is ever deleted."""
+
+    accepted_input_seconds: Annotated[int, Field(ge=1, le=2592000)] | None = None
+    """Most seconds an input file is kept after a batch accepted it (default 48 h)."""
+    input_after_batch_seconds: Annotated[int, Field(ge=0, le=2592000)] | None = None
+    """Seconds an accepted input is kept after its last batch finished (default 0)."""
+    output_seconds: Annotated[int, Field(ge=1, le=2592000)] | None = None
+    """Lifetime of output and error files unless the batch sets one (default 7 days)."""
+
+
+class BatchPoolSpec(CRModel):
+    """One served model (or a few) on one kind of GPU node."""
+
+    models: Annotated[list[PoolModel], Field(min_length=1, max_length=16)]
+    """Models the pool serves."""
+    worker_namespace: DNSName = "llmbatch-workers"
+    """Namespace the shard Jobs run in."""
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    """How shard pods run."""
+    gpus_per_slot: Annotated[int, Field(ge=0, le=16)] = 1
+    """nvidia.com/gpu requested by one slot (shard pod)."""
+    node_selector: dict[Label, ShortText] | None = None
+    """Node labels shard pods must match."""
+    tolerations: Annotated[list[Toleration], Field(max_length=16)] | None = None
+    """Tolerations of shard pods."""
+    min_slots: Annotated[int, Field(ge=0, le=1024)] = 0
+    """Fewest slots kept even without work."""
+    max_slots: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Most shard Jobs running at once."""
+    shard_requests: Annotated[int, Field(ge=1, le=50000)] = 1000
+    """Target requests per shard."""
+    throughput_per_slot: Decimal = "1"
+    """Requests per second one slot is expected to finish (learned as shards finish)."""
+    limits: PoolLimits = Field(default_factory=PoolLimits)
+    """Per-batch limits."""
+    tiers: PoolTiers = Field(default_factory=PoolTiers)
+    """Drain targets and prices per tier."""
+    billing: PoolBilling = Field(default_factory=PoolBilling)
+    """Billing mode (token prices or GPU time) and credit-estimate defaults."""
+    expedited_allowed: bool = True
+    """Whether this pool accepts expedited batches."""
+    preemption: Literal["Never", "LowerPriority"] = "Never"
+    """LowerPriority lets expedited shards suspend running standard/flex shards."""
+    max_preemptions_per_shard: Annotated[int, Field(ge=0, le=100)] = 3
+    """A shard is not preempted more often than this."""
+    scale_down_cooldown_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
+    """How long the wanted slot count must stay lower before slots are released."""
+    retention: PoolRetention | None = None
+    """How long files of batches on this pool are kept; unset: LLMBATCH_RETENTION_* defaults."""
+
+
+class QueueDepth(CRModel):
+    """Pending requests per tier."""
+
+    expedited: int = 0
+    """Expedited requests waiting or running."""
+    standard: int = 0
+    """Standard requests waiting or running."""
+    flex: int = 0
+    """Flex requests waiting or running."""
+
+
+class BatchPoolStatus(CRModel):
+    """Observed state of a pool."""
+
+    slots_in_use: int = 0
+    """Shard Jobs unsuspended now."""
+    desired_slots: int = 0
+    """Slots the autoscaler wants."""
+    queue_depth: QueueDepth | None = None
+    """Backlog per tier."""
+    throughput_per_slot: Decimal | None = None
+    """Learned requests per second per slot."""
+    scale_down_since: int | None = None
+    """Unix seconds since the autoscaler has wanted fewer slots (scale-down cool-down)."""
+    conditions: Conditions | None = None
+    """Conditions."""
+    observed_generation: int | None = None
+    """The metadata.generation last acted on."""
