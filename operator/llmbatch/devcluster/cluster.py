@@ -126,7 +126,11 @@ class DevCluster:
         if isinstance(pid, int) and was_running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            if not self._wait_supervisor(pid, started, timeout):
+            # SIGKILL after the timeout; a supervisor that is not our child is checked to be
+            # the same process first (pid reuse).
+            if not self._wait_supervisor(pid, started, timeout) and (
+                self.process is not None or is_running(pid, started)
+            ):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
                 self._wait_supervisor(pid, started, 10)

@@ -70,6 +70,7 @@ class Component:
         self.restarts = 0
         self.last_exit: int | None = None
         self._stopping = False
+        self._spawned = 0.0
         self._keeper: asyncio.Task[None] | None = None
 
     @property
@@ -93,6 +94,7 @@ class Component:
                 preexec_fn=partial(die_with_parent, signal.SIGTERM),
             )
         self.proc = proc
+        self._spawned = time.monotonic()
         self.changed()
         return proc
 
@@ -128,11 +130,10 @@ class Component:
         delay: float | None = None
         while not self._stopping:
             proc = self.proc if self.proc is not None else self._spawn()
-            began = time.monotonic()
             code = await proc.wait()
             if self._stopping:
                 return
-            ran = time.monotonic() - began
+            ran = time.monotonic() - self._spawned
             delay = self.backoff.next(delay, ran)
             self.restarts += 1
             self.last_exit = code
