@@ -70,7 +70,11 @@ def test_metrics_are_served_on_their_own_port_only(tmp_path: pathlib.Path) -> No
         assert 'llmbatch_gateway_requests_total{code="200",method="GET",route="/batches"}' in text
         assert "llmbatch_gateway_api_keys 1.0" in text  # counted at the scrape
     with socket.socket() as sock:  # the listener is gone with the app
+        # SO_REUSEADDR: the scrape's connection may sit in TIME_WAIT on the server side (the
+        # listener closes first); only a socket still listening on the port refuses this bind.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
+        sock.listen()
 
 
 def test_metrics_port_zero_serves_none(tmp_path: pathlib.Path) -> None:

@@ -18,7 +18,7 @@ from llmbatch.core.billing import (
     estimate_batch,
     estimate_input_tokens,
     estimate_output_tokens,
-    money,
+    new_reservation,
 )
 from llmbatch.gateway.errors import APIError
 from llmbatch.gateway.mapping import ANNOTATION_ESTIMATED_TOKENS, ANNOTATION_REQUESTS
@@ -126,14 +126,12 @@ def refusal_error(refusal: Refusal) -> APIError:
 def reservation(name: str, plan: PoolPlan, now: int) -> CreditReservation:
     """The credit hold for batch ``name`` on the plan's pool (token price or GPU time)."""
     assert plan.pool is not None
-    gpu_mode = plan.pool.billing.mode == "GPUTime"
-    return CreditReservation(
+    assert plan.pricing is not None
+    return new_reservation(
         batch=name,
-        amount=money(plan.estimate.amount),
-        estimated_tokens=plan.estimate.tokens,
-        pool=plan.name,
-        mode=plan.pool.billing.mode,
-        pricing=None if gpu_mode else plan.pricing,
-        gpu_hour_price=plan.pool.billing.gpu_hour_price if gpu_mode else None,
+        pool_name=plan.name,
+        pool=plan.pool,
+        pricing=plan.pricing,
+        estimate=plan.estimate,
         created_at=now,
     )

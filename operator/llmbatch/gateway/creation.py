@@ -22,6 +22,7 @@ from pydantic_core import ErrorDetails
 
 from llmbatch.api.resources import API_VERSION, BatchSpec, EndpointPath, InlineRequest, Tier
 from llmbatch.core.billing import BatchSize
+from llmbatch.core.tiers import expedited_disabled, tier_of
 from llmbatch.core.validation import (
     InvalidLine,
     ValidationLimits,
@@ -39,7 +40,6 @@ from llmbatch.gateway.mapping import (
     LABEL_IDEMPOTENCY,
 )
 
-NAMESPACE_EXPEDITED_DISABLED = "llmbatch.io/expedited-disabled"
 OUTPUT_EXPIRY = "output_expires_after"
 
 
@@ -209,16 +209,15 @@ def _tier(priority: str | None, metadata: dict[str, str] | None) -> Tier:
             param="priority",
             code="invalid_value",
         )
-    if (metadata or {}).get("tier") != "flex":
-        return cast(Tier, wanted)
-    if wanted == "expedited":
+    tier = tier_of(wanted, metadata)
+    if tier == "flex" and wanted == "expedited":
         raise APIError(
             400,
             "metadata.tier 'flex' cannot be combined with priority 'expedited'.",
             param="priority",
             code="invalid_value",
         )
-    return "flex"
+    return tier
 
 
 def _check_inline(
@@ -414,7 +413,7 @@ def check_tenant(namespace: str, annotations: dict[str, str] | None, tier: Tier)
             type="permission_error",
             code="organization_not_found",
         )
-    if tier == "expedited" and annotations.get(NAMESPACE_EXPEDITED_DISABLED, "").lower() == "true":
+    if tier == "expedited" and expedited_disabled(annotations):
         raise APIError(
             400,
             "Expedited priority is disabled for your organization.",

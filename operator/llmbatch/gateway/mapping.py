@@ -24,6 +24,7 @@ from llmbatch.api.openai import (
     Priority,
 )
 from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.tiers import DEFAULT_WINDOW, completion_window, tier_of
 
 ANNOTATION_CREATED_NS = "llmbatch.io/created-ns"
 ANNOTATION_CANCEL_AT = "llmbatch.io/cancel-requested-at"
@@ -39,7 +40,6 @@ BATCH_ID = re.compile(r"^batch_[a-z0-9]([-a-z0-9.]{0,240}[a-z0-9])?$")
 
 INPUT_FILE_TTL = 86400
 DAY = 86400
-FLEX_WINDOW_SECONDS = 72 * 3600
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 _PHASES = frozenset(get_args(BatchStatus))
 
@@ -60,10 +60,6 @@ def window_seconds(window: str | None) -> int:
     if window and len(window) >= 2 and window[-1] in _UNITS and window[:-1].isdigit():
         return int(window[:-1]) * _UNITS[window[-1]]
     return DAY
-
-
-def is_flex(spec: dict[str, Any]) -> bool:
-    return spec.get("priority") == "flex" or (spec.get("metadata") or {}).get("tier") == "flex"
 
 
 def created_ns(obj: dict[str, Any], fallback_seconds: int | None = None) -> int:
@@ -163,9 +159,10 @@ def _expires_at(spec: dict[str, Any], status: dict[str, Any], created: int) -> i
     expires = _int_or_none(status.get("expiresAt"))
     if expires is not None:
         return expires
-    if is_flex(spec):
-        return created + FLEX_WINDOW_SECONDS
-    return created + window_seconds(spec.get("completionWindow"))
+    metadata = spec.get("metadata")
+    tier = tier_of(spec.get("priority"), metadata if isinstance(metadata, dict) else None)
+    requested = str(spec.get("completionWindow") or DEFAULT_WINDOW)
+    return created + window_seconds(completion_window(tier, requested))
 
 
 def _errors(errors: Any) -> BatchErrors | None:
