@@ -137,6 +137,13 @@ def test_flex_is_standard_on_the_wire_with_a_72h_window() -> None:
     assert batch_to_openai(_batch(priority="expedited")).priority == "expedited"
 
 
+def test_a_flex_batch_with_its_own_window_expires_when_the_operator_says() -> None:
+    """kubectl users may give a flex batch another window: the operator keeps it (core.tiers),
+    so the shown expiry does too; only the default 24 h becomes 72 h."""
+    batch = batch_to_openai(_batch(priority="flex", completionWindow="90m"))
+    assert batch.expires_at == batch.created_at + 90 * 60
+
+
 def test_unknown_phase_reads_validating_and_inline_batches_have_empty_input() -> None:
     obj = _batch({"status": "weird"})
     del obj["spec"]["inputFileID"]
