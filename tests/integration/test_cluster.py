@@ -604,3 +604,46 @@ def test_pod_gets_its_service_account_token(kube: Kube) -> None:
     assert out["forbidden"] is True
     assert out["kubeconfig"].endswith("/kubeconfig")
     assert "/volumes/kube-api-access-" in out["kubeconfig"]
+
+
+def _zombie_children(parent: int) -> list[int]:
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = stat_file.read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] == "Z" and int(fields[1]) == parent:
+            found.append(int(stat_file.parent.name))
+    return found
+
+
+def test_orphans_of_a_finished_pod_are_reaped(kube: Kube, dev_cluster: DevCluster) -> None:
+    """When a container's main process ends, the rest of its group is killed; those children
+    are adopted by the supervisor (a child subreaper) and must be reaped there, or every pod
+    that forks leaves zombies behind until a long `dev up` runs out of pids."""
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "forks"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "none",
+                        "command": ["sh", "-c", "sleep 300 & sleep 301 & sleep 1"],
+                    }
+                ],
+            },
+        }
+    )
+    kube.wait_pod_phase("forks", "Succeeded", timeout=60)
+    supervisor = dev_cluster.status()["pid"]
+    kube.wait_for(
+        lambda: not _zombie_children(supervisor),
+        timeout=15,
+        what=f"the supervisor's adopted zombies to be reaped: {_zombie_children(supervisor)}",
+    )

@@ -21,6 +21,12 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.1  # exit polling where pidfd_open is missing (Linux < 5.3)
+_UNREAPED: set[int] = set()  # leaders spawned here and not yet reaped (their owner reaps them)
+
+
+def unreaped_pids() -> frozenset[int]:
+    """Children started as a ProcessGroup that are not reaped yet: an orphan reaper skips them."""
+    return frozenset(_UNREAPED)
 
 
 class ProcessGroup:
@@ -29,6 +35,7 @@ class ProcessGroup:
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
         self.pid = popen.pid
+        _UNREAPED.add(self.pid)
         self.returncode: int | None = None
         """Set at the moment the leader is reaped (negative: killed by that signal)."""
 
@@ -89,6 +96,7 @@ class ProcessGroup:
             code = -signal.SIGKILL
         self.returncode = code
         self._popen.returncode = code  # so that subprocess never waits for it again
+        _UNREAPED.discard(self.pid)
 
     def has_exited(self) -> bool:
         """Has the leader exited (reaped or not)? Does not block."""

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -160,6 +160,25 @@ def kill_process_and_wait(pid: int, started: int | None, timeout: float = 10.0) 
             return False
         time.sleep(0.05)
     return True
+
+
+def reap_orphans(keep: Collection[int]) -> list[int]:
+    """Reap this process's zombie children except ``keep`` (children whose owners reap them):
+    as a child subreaper it adopts the orphans of every container whose group was killed, and
+    unreaped they would hold their pids for as long as the cluster runs. The PIDs reaped."""
+    me = os.getpid()
+    reaped: list[int] = []
+    for entry in _proc_entries():
+        fields = _stat_fields(entry)
+        if fields is None or fields[0] != "Z" or int(fields[1]) != me:
+            continue
+        pid = int(entry.name)
+        if pid in keep:
+            continue
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                reaped.append(pid)
+    return reaped
 
 
 def reap_children() -> None:

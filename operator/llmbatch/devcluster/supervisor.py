@@ -32,12 +32,14 @@ from llmbatch.devcluster.config import (
     write_status,
 )
 from llmbatch.devcluster.controlplane import ControlPlane
+from llmbatch.devcluster.processgroup import unreaped_pids
 from llmbatch.devcluster.procs import (
     MARKER_ENV,
     RUN_ENV,
     become_subreaper,
     kill_marked_and_wait,
     reap_children,
+    reap_orphans,
     start_time,
 )
 
@@ -50,6 +52,7 @@ __all__ = ["STATUS_FILE", "Supervisor", "supervise"]
 
 NODE_AGENT = "node-agent"  # its name in status.json's restarts
 STARTUP_WAIT_SECONDS = 60.0
+ORPHAN_REAP_SECONDS = 2.0
 WATCHDOG_STOP_SECONDS = 5.0
 
 
@@ -116,6 +119,7 @@ class Supervisor:
         self._prepare()
         starting = asyncio.create_task(self._start(), name="start")
         stop = asyncio.create_task(self._stop.wait())
+        reaper = asyncio.create_task(self._reap_orphans(), name="orphan reaper")
         code = 1
         try:
             await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -130,6 +134,7 @@ class Supervisor:
             self._status("failed", error=str(err))
         finally:
             stop.cancel()
+            reaper.cancel()
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
             await self._shutdown()
@@ -284,6 +289,13 @@ class Supervisor:
             await asyncio.sleep(0.2)
 
     # -- the control plane and the watchdog ------------------------------------------------
+
+    async def _reap_orphans(self) -> None:
+        """Reap adopted orphans (killed children of exited containers) as they come."""
+        while True:
+            await asyncio.sleep(ORPHAN_REAP_SECONDS)
+            owned = {self.controlplane.pid, self._watchdog.pid if self._watchdog else None}
+            reap_orphans(unreaped_pids() | {pid for pid in owned if pid is not None})
 
     async def _wait_controlplane(self) -> None:
         while self.controlplane.process and self.controlplane.process.poll() is None:
