@@ -58,6 +58,47 @@ def _queued(job: dict[str, Any]) -> QueuedShard:
     )
 
 
+def _backlog(jobs: list[dict[str, Any]]) -> dict[str, int]:
+    """Requests of the unfinished shard Jobs per tier (an unknown tier counts as standard)."""
+    backlog: dict[str, int] = dict.fromkeys(TIERS, 0)
+    for job in jobs:
+        shard = _queued(job)
+        backlog[shard.tier if shard.tier in backlog else "standard"] += shard.requests
+    return backlog
+
+
+def _scale(
+    pool: BatchPoolSpec,
+    backlog: dict[str, int],
+    throughput: float,
+    status: dict[str, Any],
+    now: float,
+) -> tuple[ScaleState, ScaleState]:
+    """The previous and the new desired slot count (scale-down damped by the cool-down)."""
+    drain: dict[str, int] = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
+    raw = raw_desired_slots(backlog, throughput, drain, pool.min_slots, pool.max_slots)
+    previous = ScaleState(
+        desired=int(status.get("desiredSlots", pool.min_slots)),
+        below_since=status.get("scaleDownSince"),
+    )
+    return previous, damp(previous, raw, now, pool.scale_down_cooldown_seconds)
+
+
+def _export_metrics(
+    name: str,
+    in_use: int,
+    desired: int,
+    queued: list[tuple[dict[str, Any], QueuedShard]],
+    chosen: set[int],
+) -> None:
+    metrics.JOBS_RUNNING.labels(name).set(in_use)
+    metrics.DESIRED_SLOTS.labels(name).set(desired)
+    for tier in TIERS:
+        metrics.QUEUE_DEPTH.labels(name, tier).set(
+            sum(1 for _, q in queued if q.tier == tier and id(q) not in chosen)
+        )
+
+
 @dataclass
 class PoolRound:
     """The status patch and Events of one scheduling round."""
@@ -74,49 +115,22 @@ class PoolScheduler:
         self.clock = clock
 
     async def step(self, name: str, spec: dict[str, Any], status: dict[str, Any]) -> PoolRound:
+        """One round: learn throughput, size the pool, grant slots (and preempt for them)."""
         pool = BatchPoolSpec.model_validate(spec)
         namespace = pool.worker_namespace
         now = self.clock()
         result = PoolRound()
         all_jobs = await self.kube.list_jobs(namespace, f"{LABEL_POOL}={name}")
-
         throughput = float(Decimal(status.get("throughputPerSlot") or pool.throughput_per_slot))
-        for job in all_jobs:
-            annotations = job["metadata"].get("annotations") or {}
-            job_status = job.get("status") or {}
-            if (
-                _condition(job, "Complete")
-                and ANNOTATION_LEARNED not in annotations
-                and job_status.get("startTime")
-                and job_status.get("completionTime")
-            ):
-                seconds = unix_seconds(job_status["completionTime"]) - unix_seconds(
-                    job_status["startTime"]
-                )
-                throughput = learn_throughput(
-                    throughput, int(annotations.get(ANNOTATION_REQUESTS, "0")), max(1, seconds)
-                )
-                await self.kube.annotate_job(
-                    namespace, job["metadata"]["name"], {ANNOTATION_LEARNED: "true"}
-                )
+        throughput = await self._learn_throughput(namespace, all_jobs, throughput)
 
         jobs = [
             j for j in all_jobs if not j["metadata"].get("deletionTimestamp") and not _finished(j)
         ]
         running = [j for j in jobs if not (j.get("spec") or {}).get("suspend")]
         waiting = [j for j in jobs if (j.get("spec") or {}).get("suspend")]
-        backlog: dict[str, int] = dict.fromkeys(TIERS, 0)
-        for job in jobs:
-            shard = _queued(job)
-            backlog[shard.tier if shard.tier in backlog else "standard"] += shard.requests
-
-        drain: dict[str, int] = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
-        raw = raw_desired_slots(backlog, throughput, drain, pool.min_slots, pool.max_slots)
-        previous = ScaleState(
-            desired=int(status.get("desiredSlots", pool.min_slots)),
-            below_since=status.get("scaleDownSince"),
-        )
-        scaled = damp(previous, raw, now, pool.scale_down_cooldown_seconds)
+        backlog = _backlog(jobs)
+        previous, scaled = _scale(pool, backlog, throughput, status, now)
         if scaled.desired != previous.desired:
             result.events.append(
                 (
@@ -137,12 +151,7 @@ class PoolScheduler:
         if pool.preemption == "LowerPriority":
             preempted = await self._preempt(pool, namespace, running, queued, chosen, result)
         in_use = len(running) + len(granted) - preempted
-        metrics.JOBS_RUNNING.labels(name).set(in_use)
-        metrics.DESIRED_SLOTS.labels(name).set(scaled.desired)
-        for tier in TIERS:
-            metrics.QUEUE_DEPTH.labels(name, tier).set(
-                sum(1 for _, q in queued if q.tier == tier and id(q) not in chosen)
-            )
+        _export_metrics(name, in_use, scaled.desired, queued, chosen)
         wanted = {
             "slotsInUse": in_use,
             "desiredSlots": scaled.desired,
@@ -152,6 +161,30 @@ class PoolScheduler:
         }
         result.status = {k: v for k, v in wanted.items() if status.get(k) != v}
         return result
+
+    async def _learn_throughput(
+        self, namespace: str, jobs: list[dict[str, Any]], throughput: float
+    ) -> float:
+        """Fold each newly completed Job's rate into ``throughput``; mark the Job as learned."""
+        for job in jobs:
+            annotations = job["metadata"].get("annotations") or {}
+            job_status = job.get("status") or {}
+            if (
+                _condition(job, "Complete")
+                and ANNOTATION_LEARNED not in annotations
+                and job_status.get("startTime")
+                and job_status.get("completionTime")
+            ):
+                seconds = unix_seconds(job_status["completionTime"]) - unix_seconds(
+                    job_status["startTime"]
+                )
+                throughput = learn_throughput(
+                    throughput, int(annotations.get(ANNOTATION_REQUESTS, "0")), max(1, seconds)
+                )
+                await self.kube.annotate_job(
+                    namespace, job["metadata"]["name"], {ANNOTATION_LEARNED: "true"}
+                )
+        return throughput
 
     async def _preempt(
         self,
