@@ -97,7 +97,8 @@ class BatchRequest:
 
 
 def parse_create_request(body: CreateBatchRequest) -> BatchRequest:
-    """Check the wire body; every problem is a 400 naming its field."""
+    """Check the wire body: a problem is a 400 naming its field (a malformed input_file_id is
+    the 404 of an unknown one)."""
     _check_window(body.completion_window)
     endpoint = _endpoint(body.endpoint)
     if (body.input_file_id is None) == (body.requests is None):

@@ -12,7 +12,7 @@ from llmbatch.api.openai import ErrorEnvelope
 
 
 def json_response(model: BaseModel, status: int = 200) -> Response:
-    """``model`` as JSON (orjson: several times faster than FastAPI's encoder)."""
+    """``model`` as JSON, serialised by orjson rather than FastAPI's encoder."""
     return Response(
         orjson.dumps(model.model_dump(mode="json")),
         status_code=status,
