@@ -76,8 +76,16 @@ def render() -> dict[pathlib.Path, str]:
         name = crd["metadata"]["name"]
         body = {k: v for k, v in crd.items() if k != "metadata"}
         head = _dump({"apiVersion": body.pop("apiVersion"), "kind": body.pop("kind")})
+        # kopf's peering CRD is shared by every kopf operator of a cluster: the chart installs
+        # it only when no other release owns it (crds.kopfPeering, a lookup in _helpers.tpl).
+        condition = "{{- if .Values.crds.enabled }}"
+        if crd is PEERING_CRD:
+            condition = (
+                "{{- if and .Values.crds.enabled"
+                ' (eq (include "llm-batch-operator.installKopfPeeringCrd" .) "true") }}'
+            )
         files[CHART_CRD_DIR / f"{plural}.yaml"] = (
-            "{{- if .Values.crds.enabled }}\n"
+            f"{condition}\n"
             f"{MARKER}\n"
             f"{head}"
             "metadata:\n"

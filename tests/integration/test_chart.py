@@ -77,6 +77,161 @@ def test_default_install_has_every_part() -> None:
     assert {p["name"] for p in container["ports"]} == {"metrics", "health"}
     workers = next(o for o in objects if o["kind"] == "Namespace")
     assert workers["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert sorted(by_kind["Service"]) == [
+        "llmbatch-gateway",
+        "llmbatch-gateway-metrics",
+        "llmbatch-operator-metrics",
+    ]
+    assert by_kind["PodDisruptionBudget"] == ["llmbatch-gateway"]
+    assert sorted(by_kind["NetworkPolicy"]) == [
+        "llmbatch-executors",
+        "llmbatch-gateway",
+        "llmbatch-operator",
+    ]
+
+
+def _find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def _container(objects: list[dict[str, Any]], deployment: str) -> dict[str, Any]:
+    container: dict[str, Any] = _find(objects, "Deployment", deployment)["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("store.uri=s3://b/p",), "image.registry is required: build and push the images first"),
+        (("image.registry=r.example.com/x",), "store.uri is required"),
+        (
+            (
+                "image.registry=r",
+                "store.uri=s3://b",
+                "gateway.ingress.enabled=true",
+                "gateway.ingress.host=h.example.com",
+                "gateway.ingress.tls.issuerRef.name=le",
+            ),
+            "does not serve cert-manager.io/v1 Certificates",
+        ),
+    ],
+)
+def test_required_values_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
+    args = ["template", "t", str(CHART)]
+    for item in sets:
+        args += ["--set", item]
+    result = helm(*args, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+def test_store_credentials_reach_every_component_as_environment() -> None:
+    objects = render(sets=("store.secretName=llmbatch-store",))
+    for deployment in ("llmbatch-operator", "llmbatch-gateway"):
+        container = _container(objects, deployment)
+        assert container["envFrom"] == [{"secretRef": {"name": "llmbatch-store"}}], deployment
+        assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}], deployment
+    env = {e["name"]: e.get("value") for e in _container(objects, "llmbatch-operator")["env"]}
+    # Executor pods get the Secret of the same name in their worker namespace (jobs.py).
+    assert env["LLMBATCH_EXECUTOR_STORE_SECRET"] == "llmbatch-store"
+    assert env["LLMBATCH_STORE_URI"] == env["LLMBATCH_EXECUTOR_STORE_URI"]
+    plain = {e["name"] for e in _container(render(), "llmbatch-operator")["env"]}
+    assert "LLMBATCH_EXECUTOR_STORE_SECRET" not in plain
+    assert "envFrom" not in _container(render(), "llmbatch-gateway")
+
+
+def test_metrics_never_on_the_api_service() -> None:
+    objects = render()
+    api = _find(objects, "Service", "llmbatch-gateway")
+    assert [p["name"] for p in api["spec"]["ports"]] == ["http"]
+    assert "llmbatch.io/metrics" not in api["metadata"]["labels"]
+    gateway = _container(objects, "llmbatch-gateway")
+    env = {e["name"]: e.get("value") for e in gateway["env"]}
+    assert env["LLMBATCH_GATEWAY_METRICS_PORT"] == "9090"
+    assert env["LLMBATCH_GATEWAY_DOCS"] == "false"
+    assert {p["name"]: p["containerPort"] for p in gateway["ports"]} == {
+        "http": 8080,
+        "metrics": 9090,
+    }
+    metrics = _find(objects, "Service", "llmbatch-gateway-metrics")
+    assert [(p["name"], p["port"]) for p in metrics["spec"]["ports"]] == [("metrics", 9090)]
+    monitor = _find(render(sets=("serviceMonitor.enabled=true",)), "ServiceMonitor", "llmbatch")
+    assert monitor["spec"]["selector"]["matchLabels"]["llmbatch.io/metrics"] == "true"
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+
+
+def _egress_ports(policy: dict[str, Any]) -> list[set[int]]:
+    return [{p["port"] for p in rule["ports"]} for rule in policy["spec"]["egress"]]
+
+
+@pytest.mark.parametrize(
+    ("uri", "ports"),
+    [
+        ("s3://b/p?region=eu-west-1", {443}),
+        ("s3://b/p?endpoint_url=http://minio.store:9000&path_style=true", {9000}),
+        ("s3://b/p?endpoint_url=http%3A%2F%2Fminio.store%3A9001", {9001}),
+        ("s3://b/p?region=x&endpoint_url=http://rgw.ceph", {80}),
+        ("s3://b/p?endpoint_url=https://s3.example.com", {443}),
+    ],
+)
+def test_network_policies_confine_every_component(uri: str, ports: set[int]) -> None:
+    objects = render(sets=(f"store.uri={uri}",))
+    dns = {53}
+    executors = _find(objects, "NetworkPolicy", "llmbatch-executors")
+    assert executors["metadata"]["namespace"] == "llmbatch-workers"
+    assert executors["spec"]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/component": "executor"}
+    }
+    assert executors["spec"]["ingress"] == []
+    assert _egress_ports(executors) == [dns, ports]
+    for name in ("llmbatch-operator", "llmbatch-gateway"):
+        policy = _find(objects, "NetworkPolicy", name)
+        assert _egress_ports(policy) == [dns, ports, {443, 6443}], name
+    gateway = _find(objects, "NetworkPolicy", "llmbatch-gateway")
+    assert [{p["port"] for p in r["ports"]} for r in gateway["spec"]["ingress"]] == [
+        {8080},
+        {9090},
+    ]
+    assert not [
+        o for o in render(sets=("networkPolicy.enabled=false",)) if o["kind"] == "NetworkPolicy"
+    ]
+
+
+def test_ingress_with_a_cert_manager_certificate() -> None:
+    sets = (
+        "gateway.ingress.enabled=true",
+        "gateway.ingress.host=llmbatch.example.com",
+        "gateway.ingress.tls.issuerRef.name=letsencrypt",
+    )
+    objects = render(sets=sets, api_versions=("cert-manager.io/v1/Certificate",))
+    ingress = _find(objects, "Ingress", "llmbatch-gateway")
+    assert ingress["spec"]["tls"] == [
+        {"hosts": ["llmbatch.example.com"], "secretName": "llmbatch-gateway-tls"}
+    ]
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "llmbatch-gateway", "port": {"name": "http"}}
+    certificate = _find(objects, "Certificate", "llmbatch-gateway")
+    assert certificate["spec"]["secretName"] == "llmbatch-gateway-tls"
+    assert certificate["spec"]["issuerRef"]["name"] == "letsencrypt"
+    own_secret = render(sets=sets[:2], api_versions=("cert-manager.io/v1/Certificate",))
+    assert not [o for o in own_secret if o["kind"] == "Certificate"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "installed"), [("auto", True), ("always", True), ("never", False)]
+)
+def test_kopf_peering_crd_is_optional(mode: str, installed: bool) -> None:
+    # `helm template` has no cluster: `auto` finds no CRD and installs it (the install test and
+    # a second release on one cluster exercise the lookup).
+    names = {
+        o["metadata"]["name"]
+        for o in render(sets=(f"crds.kopfPeering={mode}",))
+        if o["kind"] == "CustomResourceDefinition"
+    }
+    assert ("clusterkopfpeerings.kopf.dev" in names) is installed
+    assert "batches.llmbatch.io" in names
 
 
 def test_crds_follow_enabled_and_keep() -> None:
@@ -118,6 +273,8 @@ def test_every_pod_is_restricted(values: pathlib.Path) -> None:
         (("image.pullPolicy=Sometimes",), "value must be one of"),
         (("workerNamespaces.names[0]=Bad_Name",), "does not match pattern"),
         (("typo=1",), "additional properties 'typo' not allowed"),
+        (("crds.kopfPeering=sometimes",), "value must be one of"),
+        (("store.credentialsSecret=x",), "additional properties 'credentialsSecret' not allowed"),
     ],
 )
 def test_schema_rejects_bad_values(sets: tuple[str, ...], message: str) -> None:

@@ -13,6 +13,8 @@ import pathlib
 import re
 import socket
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -64,6 +66,8 @@ class Install:
         self.values.write_text(
             yaml.safe_dump(
                 {
+                    # The node agent runs commands, not images: any registry name will do.
+                    "image": {"registry": "registry.example.com/llmbatch"},
                     "store": {"uri": f"file://{self.store_root}"},
                     "operator": {
                         "metricsPort": _free_port(),
@@ -71,7 +75,7 @@ class Install:
                         "reconcileIntervalSeconds": 1,
                         "progressIntervalSeconds": 1,
                     },
-                    "gateway": {"port": _free_port()},
+                    "gateway": {"port": _free_port(), "metricsPort": _free_port()},
                 }
             )
         )
@@ -193,6 +197,27 @@ def test_install_runs_operator_and_gateway_as_their_service_accounts(install: In
         assert f"priorityclass.scheduling.k8s.io/llmbatch-{tier}" in classes
     peering = install.json("get", "clusterkopfpeering", "llmbatch")
     assert peering["metadata"]["name"] == "llmbatch"
+
+
+def _http_status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_metrics_on_their_own_port_never_on_the_api(install: Install) -> None:
+    values = yaml.safe_load(install.values.read_text())["gateway"]
+    assert _http_status(values["metricsPort"], "/metrics") == 200
+    # The API port (behind the Service a LoadBalancer or Ingress exposes) has neither.
+    assert _http_status(values["port"], "/metrics") == 404
+    assert _http_status(values["port"], "/docs") == 404
+    assert _http_status(values["port"], "/openapi.json") == 404
+    services = install.json("get", "services", "-n", RELEASE_NAMESPACE)["items"]
+    ports = {s["metadata"]["name"]: [p["name"] for p in s["spec"]["ports"]] for s in services}
+    assert ports["llmbatch-gateway"] == ["http"]
+    assert ports["llmbatch-gateway-metrics"] == ["metrics"]
 
 
 def _can_i(install: Install, account: str, namespace: str) -> dict[str, set[str]]:

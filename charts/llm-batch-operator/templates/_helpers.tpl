@@ -27,7 +27,35 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* Image reference of one component: include with (list $ .Values.operator.repository). */}}
 {{- define "llm-batch-operator.image" -}}
 {{- $root := index . 0 -}}
-{{- printf "%s/%s:%s" $root.Values.image.registry (index . 1) (default $root.Chart.AppVersion $root.Values.image.tag) -}}
+{{- $registry := required "image.registry is required: build and push the images first (make images images-push IMAGE_REGISTRY=<your registry>, docs/images.md) and set image.registry to that registry" $root.Values.image.registry -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) (index . 1) (default $root.Chart.AppVersion $root.Values.image.tag) -}}
+{{- end }}
+
+{{/* The store URI, required: no default store works in a cluster. */}}
+{{- define "llm-batch-operator.storeUri" -}}
+{{- required "store.uri is required: the S3-compatible bucket every component shares, e.g. s3://my-bucket/llmbatch?region=eu-west-1 (docs/install.md#2-object-store-namespaces-and-credentials)" .Values.store.uri -}}
+{{- end }}
+
+{{/* TCP ports the object store listens on, one per line: networkPolicy.store.ports, else the
+     port of the URIs' endpoint_url (80 for a plain http:// one), else 443. */}}
+{{- define "llm-batch-operator.storePorts" -}}
+{{- if .Values.networkPolicy.store.ports -}}
+{{- range .Values.networkPolicy.store.ports }}
+{{ . }}
+{{- end -}}
+{{- else -}}
+{{- range $uri := list .Values.store.uri (default .Values.store.uri .Values.store.executorUri) | uniq }}
+{{- $endpoint := regexReplaceAll "^.*[?&]endpoint_url=([^&]*).*$" (regexFind "[?&]endpoint_url=[^&]*" $uri) "${1}" | replace "%3A" ":" | replace "%3a" ":" | replace "%2F" "/" | replace "%2f" "/" }}
+{{- $port := regexReplaceAll "^[a-z]+://[^/:]+:([0-9]+).*$" (regexFind "^[a-z]+://[^/:]+:[0-9]+" $endpoint) "${1}" }}
+{{- if $port }}
+{{ $port }}
+{{- else if hasPrefix "http://" $endpoint }}
+80
+{{- else }}
+443
+{{- end }}
+{{- end }}
+{{- end -}}
 {{- end }}
 
 {{- define "llm-batch-operator.operatorServiceAccount" -}}
@@ -62,7 +90,56 @@ seccompProfile:
 {{/* Environment both the operator and the gateway read. */}}
 {{- define "llm-batch-operator.storeEnv" -}}
 - name: LLMBATCH_STORE_URI
-  value: {{ .Values.store.uri | quote }}
+  value: {{ include "llm-batch-operator.storeUri" . | quote }}
 - name: TMPDIR
   value: /tmp
+{{- end }}
+
+{{/* Store credentials: the keys of store.secretName as environment variables (boto3's chain). */}}
+{{- define "llm-batch-operator.storeEnvFrom" -}}
+{{- if .Values.store.secretName }}
+envFrom:
+  - secretRef:
+      name: {{ .Values.store.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the chart should install kopf's clusterkopfpeerings.kopf.dev CRD (crds.kopfPeering):
+     `auto` skips it when it exists and another release (or no Helm release) owns it. */}}
+{{- define "llm-batch-operator.installKopfPeeringCrd" -}}
+{{- $mode := .Values.crds.kopfPeering -}}
+{{- if eq $mode "always" -}}
+true
+{{- else if eq $mode "auto" -}}
+{{- $crd := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "clusterkopfpeerings.kopf.dev" -}}
+{{- if not $crd -}}
+true
+{{- else if and (eq (dig "metadata" "annotations" "meta.helm.sh/release-name" "" $crd) .Release.Name) (eq (dig "metadata" "annotations" "meta.helm.sh/release-namespace" "" $crd) .Release.Namespace) -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* One NetworkPolicy rule: include with (list PEER_KEY PEERS TCP_PORTS [UDP_PORTS]), where
+     PEER_KEY is "from" or "to" and empty PEERS mean any peer. */}}
+{{- define "llm-batch-operator.policyRule" -}}
+{{- $ports := list -}}
+{{- range index . 2 }}{{ $ports = append $ports (dict "protocol" "TCP" "port" (int .)) }}{{ end -}}
+{{- if gt (len .) 3 }}{{ range index . 3 }}{{ $ports = append $ports (dict "protocol" "UDP" "port" (int .)) }}{{ end }}{{ end -}}
+{{- $rule := dict "ports" $ports -}}
+{{- with index . 1 }}{{ $_ := set $rule (index $ 0) . }}{{ end -}}
+{{- toYaml (list $rule) }}
+{{- end }}
+
+{{/* NetworkPolicy egress of every component: DNS and the object store (include with
+     (list $ STORE_PORTS)). */}}
+{{- define "llm-batch-operator.egressDnsAndStore" -}}
+{{- $np := (index . 0).Values.networkPolicy -}}
+{{ include "llm-batch-operator.policyRule" (list "to" $np.dnsTo (list 53) (list 53)) }}
+{{ include "llm-batch-operator.policyRule" (list "to" $np.store.to (index . 1)) }}
+{{- end }}
+
+{{/* NetworkPolicy egress to the Kubernetes API server. */}}
+{{- define "llm-batch-operator.egressApiServer" -}}
+{{ include "llm-batch-operator.policyRule" (list "to" .Values.networkPolicy.apiServer.to .Values.networkPolicy.apiServer.ports) }}
 {{- end }}
