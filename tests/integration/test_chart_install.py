@@ -220,6 +220,23 @@ def test_metrics_on_their_own_port_never_on_the_api(install: Install) -> None:
     assert ports["llmbatch-gateway-metrics"] == ["metrics"]
 
 
+def test_kopf_peering_crd_left_to_its_owner(install: Install) -> None:
+    """``crds.kopfPeering: auto`` looks the CRD up: this release keeps rendering it (upgrades),
+    another release on the same cluster leaves it alone instead of failing on its ownership."""
+
+    def renders_peering_crd(release: str, namespace: str, *sets: str) -> bool:
+        args = ["template", release, str(CHART), "-n", namespace, "-f", str(install.values)]
+        for item in sets:
+            args += ["--set", item]
+        out = install.helm(*args, "--dry-run=server")
+        return "name: clusterkopfpeerings.kopf.dev" in out
+
+    assert renders_peering_crd(RELEASE, RELEASE_NAMESPACE)
+    assert not renders_peering_crd("other", "other-system")
+    assert renders_peering_crd("other", "other-system", "crds.kopfPeering=always")
+    assert not renders_peering_crd(RELEASE, RELEASE_NAMESPACE, "crds.kopfPeering=never")
+
+
 def _can_i(install: Install, account: str, namespace: str) -> dict[str, set[str]]:
     out = install.kubectl(
         "auth",
