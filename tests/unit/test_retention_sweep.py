@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import pathlib
 from typing import Any
 
@@ -13,58 +12,22 @@ from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.core import keys
 from llmbatch.core.retention import DAY, SETTLE_SECONDS, RetentionPolicy
 from llmbatch.storage import FilesystemStore
+from tests.fixtures.fakekube import FakeKube
 
 T0 = 1_800_000_000
 NS = "team-a"
 
 
-class FakeKube:
-    """The four calls the sweeper makes, on a dict of objects."""
+class RacingKube(FakeKube):
+    """The shared fake API, where a DELETE /v1/files may win the race between list and delete."""
 
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.calls: list[tuple[str, ...]] = []
-        self.deleted_elsewhere = False
-
-    def add(self, plural: str, obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        meta.setdefault("uid", f"uid-{meta['name']}")
-        self.objects[plural, meta.get("namespace", ""), meta["name"]] = obj
-
-    async def iter_custom(self, plural: str, namespace: str | None = None) -> Any:
-        for (p, ns, _), obj in list(self.objects.items()):
-            if p == plural and namespace in (None, ns):
-                yield copy.deepcopy(obj)
-
-    async def list_custom(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [o async for o in self.iter_custom(plural, namespace)]
-
-    async def patch_custom_status(
-        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
-    ) -> bool:
-        self.calls.append(("patch", plural, name))
-        obj = self.objects.get((plural, namespace, name))
-        if obj is None:
-            return False
-        status = obj.setdefault("status", {})
-        for key, value in patch["status"].items():
-            if value is None:
-                status.pop(key, None)
-            else:
-                status[key] = value
-        return True
+    deleted_elsewhere = False
 
     async def delete_custom(
         self, plural: str, namespace: str, name: str, uid: str | None = None
     ) -> bool:
-        self.calls.append(("delete", plural, name))
-        obj = self.objects.pop((plural, namespace, name), None)
-        if obj is None or self.deleted_elsewhere:
-            return False
-        if uid and obj["metadata"]["uid"] != uid:
-            self.objects[plural, namespace, name] = obj
-            return False
-        return True
+        deleted = await super().delete_custom(plural, namespace, name, uid)
+        return deleted and not self.deleted_elsewhere
 
 
 def file_obj(
@@ -96,8 +59,8 @@ def counter(name: str, **labels: str) -> float:
     return value or 0.0
 
 
-def make(tmp_path: pathlib.Path, now: list[float]) -> tuple[FakeKube, FilesystemStore, Any]:
-    kube = FakeKube()
+def make(tmp_path: pathlib.Path, now: list[float]) -> tuple[RacingKube, FilesystemStore, Any]:
+    kube = RacingKube()
     store = FilesystemStore(tmp_path / "store")
     config = OperatorConfig(store_uri="file:///unused", executor_store_uri="file:///unused")
     sweeper = RetentionSweeper(kube, store, config, clock=lambda: now[0])  # type: ignore[arg-type]
@@ -150,7 +113,8 @@ def test_sweep_deletes_due_files_and_work_areas_and_a_second_sweep_is_a_no_op(
     kube.calls.clear()
     again = asyncio.run(sweeper.sweep())
     assert not again.changed
-    assert kube.calls == []  # nothing deleted, nothing patched
+    writes = [call for call in kube.calls if call[0] in ("patch-status", "delete")]
+    assert writes == []  # nothing deleted, nothing patched
 
 
 def test_a_sweep_interrupted_after_the_bytes_finishes_the_object(tmp_path: pathlib.Path) -> None:

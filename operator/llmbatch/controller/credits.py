@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,9 +23,10 @@ from llmbatch.api.resources import (
     CreditReservation,
 )
 from llmbatch.controller import metrics
-from llmbatch.controller.kube import Conflict, Kube
+from llmbatch.controller.kube import Kube
 from llmbatch.core import billing
 from llmbatch.core.lifecycle import TERMINAL
+from llmbatch.kube import Contended, update_status
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ gateway reserved and then died before creating the Batch)."""
 Change = Callable[[str, CreditAccountStatus], CreditAccountStatus | None]
 
 
-class CreditAccountBusy(RuntimeError):
+class CreditAccountBusy(Contended):
     """Too many concurrent writers; the caller's next reconcile retries."""
 
 
@@ -69,26 +69,22 @@ class CreditLedger:
 
     async def _update(self, namespace: str, change: Change) -> CreditAccountStatus | None:
         """Apply ``change`` until the write sticks; None when there is no account or no change."""
-        for attempt in range(ATTEMPTS):
-            account = await self.kube.get_custom(PLURAL, namespace, CREDIT_ACCOUNT_NAME)
-            if account is None:
-                return None
+        written: list[CreditAccountStatus] = []
+
+        def on_account(account: dict[str, Any]) -> dict[str, Any] | None:
             spec = CreditAccountSpec.model_validate(account.get("spec") or {})
             status = CreditAccountStatus.model_validate(account.get("status") or {})
             updated = change(spec.limit, status)
-            if updated is None:
-                return None
-            body = {**account, "status": updated.to_k8s()}
-            try:
-                if not await self.kube.replace_custom_status(
-                    PLURAL, namespace, CREDIT_ACCOUNT_NAME, body
-                ):
-                    return None
-            except Conflict:
-                await asyncio.sleep(random.uniform(0, 0.01 * min(attempt + 1, 10)))
-                continue
-            return updated
-        raise CreditAccountBusy(f"credit account of {namespace} kept changing; retrying later")
+            written[:] = [updated] if updated is not None else []
+            return None if updated is None else updated.to_k8s()
+
+        try:
+            stored = await update_status(
+                self.kube, PLURAL, namespace, CREDIT_ACCOUNT_NAME, on_account
+            )
+        except Contended as exc:
+            raise CreditAccountBusy(str(exc)) from exc
+        return written[0] if stored is not None and written else None
 
     async def account(self, namespace: str) -> tuple[CreditAccountSpec, CreditAccountStatus] | None:
         account = await self.kube.get_custom(PLURAL, namespace, CREDIT_ACCOUNT_NAME)

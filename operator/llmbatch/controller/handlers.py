@@ -17,7 +17,7 @@ from llmbatch.api.resources import GROUP, VERSION
 from llmbatch.controller import metrics
 from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.kube import Kube
+from llmbatch.controller.kube import REQUEST_TIMEOUT, Kube
 from llmbatch.controller.pools import PoolScheduler
 from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.core.lifecycle import TERMINAL
@@ -46,7 +46,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.inactivity_timeout = 300
     settings.networking.request_timeout = 60
     settings.peering.name = config.peering
-    kube = await Kube.connect()
+    kube = await Kube.connect(request_timeout=REQUEST_TIMEOUT)
     # kopf only patches the peering object; a missing one means replicas would not see each other.
     await kube.ensure_cluster_peering(config.peering)
     memo.config = config

@@ -277,7 +277,7 @@ class Validation:
     ) -> None:
         if spec.priority != "expedited":
             return
-        annotations = await self.kube.namespace_annotations(namespace)
+        annotations = await self.kube.namespace_annotations(namespace) or {}
         if tiers.expedited_disabled(annotations):
             message = "Expedited priority is disabled for this organization."
             raise Rejected([error("expedited_not_allowed", message, "priority")])

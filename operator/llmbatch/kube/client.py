@@ -1,0 +1,362 @@
+"""The project's one Kubernetes client: every API call the operator and the gateway make.
+
+Built on ``kubernetes_asyncio`` (the event loops of kopf and of the gateway must never block on a
+synchronous client). Objects come back as plain camelCase dicts. Reads and merge patches that
+meet a throttled (429) or briefly failing (5xx) API server are retried; creates and conditional
+writes are not retried on 5xx (the object may have been written). A 409 on a create or on a
+resourceVersion-guarded write is :class:`Conflict`; a 404 reads as "not there" (None / False).
+Every other failure is the ``ApiException`` itself, for the caller's boundary to map (the gateway
+answers 503, the operator's next reconcile retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Self, TypeVar
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from llmbatch.api.resources import GROUP, VERSION
+
+_T = TypeVar("_T")
+_MERGE_PATCH = "application/merge-patch+json"
+
+
+class Conflict(Exception):
+    """The object exists already (create) or changed since it was read (conditional write)."""
+
+
+class KubeClient:
+    """Typed verbs over the API calls the project makes (custom objects, namespaces, Jobs, Pods,
+    Secrets); ``request_timeout`` bounds every call (None: the client's default)."""
+
+    def __init__(self, api: client.ApiClient, request_timeout: float | None = None) -> None:
+        self.api = api
+        self.batch = client.BatchV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.request_timeout = request_timeout
+
+    @classmethod
+    async def connect(
+        cls, kubeconfig: str | None = None, request_timeout: float | None = None
+    ) -> Self:
+        """In-cluster credentials inside a pod (unless a kubeconfig is given), else kubeconfig."""
+        cfg = client.Configuration()
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            await config.load_kube_config(
+                config_file=kubeconfig or os.environ.get("KUBECONFIG"), client_configuration=cfg
+            )
+        return cls(client.ApiClient(configuration=cfg), request_timeout)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def _call(
+        self, fn: Callable[..., Awaitable[_T]], *args: Any, retry_5xx: bool = True, **kwargs: Any
+    ) -> _T:
+        """One API call; 429 (and 5xx unless ``retry_5xx`` is False) retried twice."""
+        if self.request_timeout is not None:
+            kwargs.setdefault("_request_timeout", self.request_timeout)
+        for attempt in range(3):
+            try:
+                return await fn(*args, **kwargs)
+            except ApiException as exc:
+                status = exc.status or 0
+                if attempt == 2 or not (status == 429 or (retry_5xx and 500 <= status < 600)):
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1) ** 2)
+        raise AssertionError("unreachable")
+
+    def plain(self, obj: Any) -> dict[str, Any]:
+        """A generated model object as the camelCase dict the API sends."""
+        result: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        return result
+
+    # --- custom objects of llmbatch.io ---------------------------------------------------------
+
+    async def get_custom(
+        self, plural: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        """One object (``namespace`` None: cluster-scoped), or None when it does not exist."""
+        try:
+            if namespace is None:
+                obj = await self._call(
+                    self.custom.get_cluster_custom_object, GROUP, VERSION, plural, name
+                )
+            else:
+                obj = await self._call(
+                    self.custom.get_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    plural,
+                    name,
+                )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        result: dict[str, Any] = obj
+        return result
+
+    async def list_custom(
+        self, plural: str, namespace: str | None = None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every object of a kind (in one namespace, or cluster-wide with None)."""
+        return [item async for item in self.iter_custom(plural, namespace, label_selector)]
+
+    async def iter_custom(
+        self,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = 500,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every object of a kind, listed in pages (one page in flight per request)."""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": page_size}
+            if token:
+                kwargs["_continue"] = token
+            if label_selector:
+                kwargs["label_selector"] = label_selector
+            try:
+                if namespace is None:
+                    listing = await self._call(
+                        self.custom.list_cluster_custom_object, GROUP, VERSION, plural, **kwargs
+                    )
+                else:
+                    listing = await self._call(
+                        self.custom.list_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        namespace,
+                        plural,
+                        **kwargs,
+                    )
+            except ApiException as exc:
+                if exc.status == 404:  # the kind or the namespace does not exist
+                    return
+                raise
+            for item in listing.get("items", []):
+                yield item
+            token = (listing.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    async def create_custom(
+        self, plural: str, namespace: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Create a namespaced object; :class:`Conflict` when its name is taken."""
+        try:
+            created: dict[str, Any] = await self._call(
+                self.custom.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                body,
+                retry_5xx=False,
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(body["metadata"]["name"]) from exc
+            raise
+        return created
+
+    async def create_or_adopt_custom(
+        self, plural: str, namespace: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Create the object; when its name exists already (a retried step), return that one."""
+        for _ in range(2):  # deleted between the 409 and the read: create once more
+            try:
+                return await self.create_custom(plural, namespace, body)
+            except Conflict:
+                existing = await self.get_custom(plural, namespace, body["metadata"]["name"])
+                if existing is not None:
+                    return existing
+        return await self.create_custom(plural, namespace, body)
+
+    async def patch_custom(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch an object; None when it is gone."""
+        try:
+            obj: dict[str, Any] = await self._call(
+                self.custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                patch,
+                _content_type=_MERGE_PATCH,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def patch_custom_status(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> bool:
+        """Merge-patch the status subresource; False when the object is gone."""
+        try:
+            await self._call(
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                patch,
+                _content_type=_MERGE_PATCH,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def replace_custom_status(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """PUT the status subresource with ``body.metadata.resourceVersion`` as precondition.
+
+        The object written; :class:`Conflict` when it changed since it was read; None when gone.
+        """
+        try:
+            written: dict[str, Any] = await self._call(
+                self.custom.replace_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                body,
+                retry_5xx=False,
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(name) from exc
+            if exc.status == 404:
+                return None
+            raise
+        return written
+
+    async def delete_custom(
+        self, plural: str, namespace: str, name: str, uid: str | None = None
+    ) -> bool:
+        """Delete one object (only that incarnation when ``uid`` is given).
+
+        True when this call deleted it; False when it was already gone or is another object of
+        the same name now — both count as done.
+        """
+        body = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=uid) if uid else None
+        )
+        try:
+            await self._call(
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                body=body,
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def ensure_cluster_peering(self, name: str) -> None:
+        """Create kopf's ClusterKopfPeering object ``name`` unless it exists (409 is success)."""
+        body = {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "ClusterKopfPeering",
+            "metadata": {"name": name},
+        }
+        try:
+            await self._call(
+                self.custom.create_cluster_custom_object,
+                "kopf.dev",
+                "v1",
+                "clusterkopfpeerings",
+                body,
+                retry_5xx=False,
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    # --- namespaces ----------------------------------------------------------------------------
+
+    async def namespace_annotations(self, namespace: str) -> dict[str, str] | None:
+        """The namespace's annotations; None when it does not exist."""
+        try:
+            ns = await self._call(self.core.read_namespace, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(ns.metadata.annotations or {})
+
+    # --- jobs and pods -------------------------------------------------------------------------
+
+    async def create_or_adopt_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a Job; on 409 (it exists: a restarted operator) adopt the existing one."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            job = await self._call(
+                self.batch.create_namespaced_job, namespace, body, retry_5xx=False
+            )
+            return self.plain(job)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        return self.plain(await self._call(self.batch.read_namespaced_job, name, namespace))
+
+    async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        listing = await self._call(
+            self.batch.list_namespaced_job, namespace, label_selector=selector
+        )
+        return [self.plain(job) for job in listing.items]
+
+    async def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        await self._call(self.batch.patch_namespaced_job, name, namespace, patch)
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and, in the background, its pods; a missing Job is not an error."""
+        try:
+            await self._call(
+                self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background"
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        listing = await self._call(
+            self.core.list_namespaced_pod, namespace, label_selector=selector
+        )
+        return [self.plain(pod) for pod in listing.items]
+
+    async def delete_pods(self, namespace: str, selector: str) -> None:
+        """Delete the pods of deleted Jobs that the garbage collector has not reached yet."""
+        for pod in await self.list_pods(namespace, selector):
+            try:
+                await self._call(
+                    self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
