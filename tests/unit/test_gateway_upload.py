@@ -82,6 +82,15 @@ def test_a_blank_head_is_scanned_in_linear_time(blank: bytes, mebibytes: int, pi
     assert err.value.problem.line == lines + 2  # line numbers count the blank head
 
 
+def test_lines_after_a_blank_head_are_held_to_the_first_lines_endpoint() -> None:
+    """The blank head reaches the validator before the endpoint is known; every later line is
+    still checked against the endpoint the first line settles."""
+    with pytest.raises(BadLine) as err:
+        _check(b"\n \r\n\t\n" + _line(1, "/v1/embeddings") + _line(2), chunk=3)
+    assert err.value.problem.code == "mismatched_url"
+    assert err.value.problem.line == 5
+
+
 @pytest.mark.parametrize("cut", [1, 2])
 def test_a_split_bom_is_still_a_bom(cut: int) -> None:
     data = b"\xef\xbb\xbf" + _line(1, "/v1/embeddings")
