@@ -116,6 +116,10 @@ def _container(objects: list[dict[str, Any]], deployment: str) -> dict[str, Any]
             ),
             "does not serve cert-manager.io/v1 Certificates",
         ),
+        (
+            ("image.registry=r", "store.uri=s3://b", "gateway.metricsPort=8080"),
+            "gateway.port and gateway.metricsPort must differ",
+        ),
     ],
 )
 def test_required_values_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
