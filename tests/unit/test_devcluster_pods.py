@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from llmbatch.devcluster.containers import TERMINATION_MESSAGE_ENV, Container
+from llmbatch.devcluster.podcontext import ContainerConfigError
+from llmbatch.devcluster.podenv import PodEnvironment
 from llmbatch.devcluster.pods import PodContext, PodRunner
 
 JSON = dict[str, Any]
@@ -20,13 +24,14 @@ JSON = dict[str, Any]
 class Recorder:
     """Stands in for the node agent's API calls (a unit test of the runner, not of the API)."""
 
-    def __init__(self) -> None:
+    def __init__(self, objects: dict[tuple[str, str], dict[str, str]] | None = None) -> None:
+        self.objects = objects or {}
         self.statuses: list[JSON] = []
         self.events: list[tuple[str, str]] = []
         self.deleted: list[str] = []
 
     async def read_object(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
-        return None
+        return self.objects.get((kind, name))
 
     async def write_status(self, namespace: str, name: str, body: JSON) -> bool:
         self.statuses.append(body["status"])
@@ -150,3 +155,74 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def test_environment_follows_the_kubelet_rules(tmp_path: Path) -> None:
+    spec = {
+        "name": "main",
+        "command": ["python", "-c", "$(GREETING)-$(MISSING)", "/dev/termination-log"],
+        "envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "CFG_"}],
+        "env": [
+            {"name": "GREETING", "value": "$(CFG_word) $$(CFG_word)"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+            {
+                "name": "INDEX",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['index']"}},
+            },
+            {
+                "name": "MILLICPU",
+                "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1m"}},
+            },
+            {"name": "MEMORY", "valueFrom": {"resourceFieldRef": {"resource": "requests.memory"}}},
+            {"name": "MESSAGE_TO", "value": "/dev/termination-log"},
+        ],
+        "resources": {"limits": {"cpu": "500m"}},
+    }
+    manifest = pod([spec])
+    manifest["metadata"]["annotations"] = {"index": "3"}
+    objects = {("ConfigMap", "settings"): {"word": "hi"}, ("Secret", "creds"): {"token": "s3"}}
+    ctx = Recorder(objects).context(tmp_path)
+    c = Container(spec, False, tmp_path / "main")
+    launch = asyncio.run(PodEnvironment(manifest, ctx, tmp_path, [c]).launch(c))
+    env = launch.env
+    assert launch.argv[:3] == [sys.executable, "-c", "hi $(CFG_word)-$(MISSING)"]
+    assert launch.argv[3] == env[TERMINATION_MESSAGE_ENV] == str(c.termination_file)
+    assert env["MESSAGE_TO"] == str(c.termination_file)
+    assert env["CFG_word"] == "hi"
+    assert env["TOKEN"] == "s3"
+    assert env["INDEX"] == "3"
+    assert env["MILLICPU"] == "500"
+    assert env["MEMORY"] == str(256 * 2**30)  # unset: the node's allocatable
+    assert env["HOSTNAME"] == "p"
+    assert launch.cwd == str(c.directory)
+
+    missing = Recorder().context(tmp_path)
+    with pytest.raises(ContainerConfigError, match='configmap "settings" not found'):
+        asyncio.run(PodEnvironment(manifest, missing, tmp_path, [c]).launch(c))
+
+
+def test_restart_policy_on_failure_restarts_with_back_off(tmp_path: Path) -> None:
+    counter = tmp_path / "runs"
+    script = (
+        f"import pathlib, sys; p = pathlib.Path({str(counter)!r}); "
+        "n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1)); "
+        "sys.exit(0 if n >= 2 else 3)"
+    )
+    container = {"name": "flaky", "command": ["python", "-c", script]}
+
+    async def scenario() -> PodRunner:
+        ctx = Recorder().context(tmp_path)
+        ctx.restart_backoff_max = 0.2
+        runner = PodRunner(pod([container], restartPolicy="OnFailure"), ctx)
+        runner.start()
+        assert runner.task is not None
+        await asyncio.wait_for(runner.task, 30)
+        return runner
+
+    runner = asyncio.run(scenario())
+    status = runner.status()
+    assert status["phase"] == "Succeeded"
+    (c,) = status["containerStatuses"]
+    assert c["restartCount"] == 2
+    assert c["state"]["terminated"]["exitCode"] == 0
+    assert c["lastState"]["terminated"]["exitCode"] == 3
