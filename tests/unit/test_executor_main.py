@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -158,3 +159,25 @@ def test_termination_log_env_override(tmp_path: Path) -> None:
     )
     assert proc.returncode == ExitCode.BAD_CONFIG
     assert "shard spec not found" in target.read_text()
+
+
+def test_an_unreachable_store_is_a_retryable_exit_not_bad_config(tmp_path: Path) -> None:
+    # Found by the fault sweep: the shard spec read from a store that is down ended the run
+    # BAD_CONFIG (a FailJob exit), so an outage of a few seconds failed whole shards.
+    with socket.socket() as sock:  # a port nothing listens on: connection refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    uri = (
+        f"s3://bucket?endpoint_url=http://127.0.0.1:{port}&region=us-east-1&path_style=true"
+        "&max_attempts=1&connect_timeout=1"
+    )
+    env_keys = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    os.environ.update(env_keys)
+    try:
+        proc = _start(tmp_path, f"{uri}#work/spec.json")
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        for key in env_keys:
+            os.environ.pop(key, None)
+    assert proc.returncode == ExitCode.STORE_FAILED == 74, out.decode()
+    assert "STORE_FAILED" in (tmp_path / "termination-log").read_text()

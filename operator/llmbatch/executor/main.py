@@ -26,7 +26,7 @@ from llmbatch.executor.exitcodes import (
 from llmbatch.executor.runner import Outcome, ShardRunner
 from llmbatch.executor.spec import load_spec
 from llmbatch.storage import open_store
-from llmbatch.storage.base import ObjectStore, StoreError
+from llmbatch.storage.base import InvalidKey, ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("llmbatch.executor")
 SHARD_SPEC_ENV = "LLMBATCH_SHARD_SPEC"
@@ -178,7 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ShardFailure(ExitCode.BAD_CONFIG, "no shard spec (--shard-spec)")
         try:
             spec = load_spec(args.shard_spec)
-        except (ValueError, ValidationError, StoreError, OSError) as exc:
+        except (ObjectNotFound, InvalidKey) as exc:
+            raise ShardFailure(ExitCode.BAD_CONFIG, f"bad shard spec: {exc}") from exc
+        except StoreError as exc:
+            # The store is unreachable or failing: the Job retries (never a FailJob exit).
+            raise ShardFailure(ExitCode.STORE_FAILED, f"shard spec unreadable: {exc}") from exc
+        except (ValueError, ValidationError, OSError) as exc:
             raise ShardFailure(ExitCode.BAD_CONFIG, f"bad shard spec: {exc}") from exc
         code = asyncio.run(_execute(spec))
     except ShardFailure as exc:
