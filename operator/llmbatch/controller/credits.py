@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -78,12 +78,16 @@ class CreditLedger:
             written[:] = [updated] if updated is not None else []
             return None if updated is None else updated.to_k8s()
 
+        def read() -> Awaitable[dict[str, Any] | None]:
+            return self.kube.get_custom(PLURAL, namespace, CREDIT_ACCOUNT_NAME)
+
+        def write(body: dict[str, Any]) -> Awaitable[Any]:
+            return self.kube.replace_custom_status(PLURAL, namespace, CREDIT_ACCOUNT_NAME, body)
+
         try:
-            stored = await update_status(
-                self.kube, PLURAL, namespace, CREDIT_ACCOUNT_NAME, on_account
-            )
+            stored = await update_status(read, write, on_account)
         except Contended as exc:
-            raise CreditAccountBusy(str(exc)) from exc
+            raise CreditAccountBusy(f"credit account of {namespace}: {exc}") from exc
         return written[0] if stored is not None and written else None
 
     async def account(self, namespace: str) -> tuple[CreditAccountSpec, CreditAccountStatus] | None:

@@ -8,8 +8,7 @@ reserve it: one of them re-reads, sees too little left and answers 402.
 
 from __future__ import annotations
 
-import asyncio
-import random
+from collections.abc import Awaitable
 from typing import Any
 
 from llmbatch.api.resources import (
@@ -20,10 +19,10 @@ from llmbatch.api.resources import (
 )
 from llmbatch.core import billing
 from llmbatch.gateway.errors import APIError
-from llmbatch.gateway.kube import Conflict, KubeAPI
+from llmbatch.gateway.kube import KubeAPI
+from llmbatch.kube.status import Contended, StatusChange, update_status
 
 PLURAL = "creditaccounts"
-ATTEMPTS = 30
 
 
 def _contended() -> APIError:
@@ -34,10 +33,6 @@ def _contended() -> APIError:
         code="service_unavailable",
         headers={"Retry-After": "1"},
     )
-
-
-async def _backoff(attempt: int) -> None:
-    await asyncio.sleep(random.uniform(0, 0.01 * min(attempt + 1, 10)))
 
 
 def _parts(account: dict[str, Any]) -> tuple[CreditAccountSpec, CreditAccountStatus]:
@@ -54,10 +49,8 @@ async def reserve_credit(kube: KubeAPI, namespace: str, entry: CreditReservation
     or the batch holds a reservation already. 402 ``insufficient_credit`` when the credit left
     does not cover it, 429 when the account holds credit for too many unfinished batches.
     """
-    for attempt in range(ATTEMPTS):
-        account = await kube.get(PLURAL, namespace, CREDIT_ACCOUNT_NAME)
-        if account is None:
-            return False
+
+    def add(account: dict[str, Any]) -> dict[str, Any] | None:
         spec, status = _parts(account)
         try:
             updated = billing.reserve(spec.limit, spec.currency, status, entry)
@@ -73,35 +66,32 @@ async def reserve_credit(kube: KubeAPI, namespace: str, entry: CreditReservation
                 code="too_many_batches",
                 headers={"Retry-After": "60"},
             ) from exc
-        if updated is None:
-            return False
-        try:
-            written = await kube.replace_status(
-                PLURAL, namespace, CREDIT_ACCOUNT_NAME, {**account, "status": updated.to_k8s()}
-            )
-        except Conflict:
-            await _backoff(attempt)
-            continue
-        return written is not None
-    raise _contended()
+        return None if updated is None else updated.to_k8s()
+
+    return await _update(kube, namespace, add) is not None
 
 
 async def release_credit(kube: KubeAPI, namespace: str, batch: str) -> None:
     """Give back the reservation of a batch that was not created after all (nothing charged)."""
-    for attempt in range(ATTEMPTS):
-        account = await kube.get(PLURAL, namespace, CREDIT_ACCOUNT_NAME)
-        if account is None:
-            return
+
+    def release(account: dict[str, Any]) -> dict[str, Any] | None:
         spec, status = _parts(account)
         updated = billing.settle(spec.limit, status, batch, "0")
-        if updated is None:
-            return
-        try:
-            await kube.replace_status(
-                PLURAL, namespace, CREDIT_ACCOUNT_NAME, {**account, "status": updated.to_k8s()}
-            )
-        except Conflict:
-            await _backoff(attempt)
-            continue
-        return
-    raise _contended()
+        return None if updated is None else updated.to_k8s()
+
+    await _update(kube, namespace, release)
+
+
+async def _update(kube: KubeAPI, namespace: str, change: StatusChange) -> dict[str, Any] | None:
+    """The tenant's account changed by ``change`` (``llmbatch.kube.update_status``)."""
+
+    def read() -> Awaitable[dict[str, Any] | None]:
+        return kube.get(PLURAL, namespace, CREDIT_ACCOUNT_NAME)
+
+    def write(body: dict[str, Any]) -> Awaitable[Any]:
+        return kube.replace_status(PLURAL, namespace, CREDIT_ACCOUNT_NAME, body)
+
+    try:
+        return await update_status(read, write, change)
+    except Contended as exc:
+        raise _contended() from exc

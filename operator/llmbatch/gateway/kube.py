@@ -2,32 +2,29 @@
 
 :class:`KubeAPI` is the interface the routes use; :class:`GatewayKube` implements it on a real API
 server. Objects come back as plain camelCase dicts. Unexpected API errors become a 503 in the
-OpenAI envelope (never a 500), conflicts a :class:`Conflict`.
+OpenAI envelope (never a 500), conflicts a :class:`Conflict` (``llmbatch.kube``'s).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import contextlib
 import logging
-import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
-from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from llmbatch.api.resources import GROUP, VERSION
 from llmbatch.gateway.errors import APIError
+from llmbatch.kube import Conflict, KubeClient
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Conflict", "GatewayKube", "KubeAPI", "decode_secret_data", "upstream"]
+
 KEY_LABEL = "llmbatch.io/api-key"
 TIMEOUT = 15  # seconds per API call; a hung API server becomes a 503, never a hung request
-
-
-class Conflict(Exception):
-    """The object exists already (create) or changed underneath (update)."""
 
 
 def upstream(exc: ApiException, what: str) -> APIError:
@@ -88,106 +85,45 @@ def decode_secret_data(secret: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-class GatewayKube:
-    """:class:`KubeAPI` on a real API server."""
+@contextlib.contextmanager
+def _upstream(what: str) -> Iterator[None]:
+    """An API failure the caller cannot act on becomes a 503 in the OpenAI envelope."""
+    try:
+        yield
+    except ApiException as exc:
+        raise upstream(exc, what) from exc
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+
+class GatewayKube:
+    """:class:`KubeAPI` over the project's Kubernetes client (:mod:`llmbatch.kube`)."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> GatewayKube:
         """In-cluster credentials inside a pod (unless a kubeconfig is given), else kubeconfig."""
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            cfg = client.Configuration()
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient(configuration=cfg))
-        cfg = client.Configuration()
-        await config.load_kube_config(
-            config_file=kubeconfig or os.environ.get("KUBECONFIG"), client_configuration=cfg
-        )
-        return cls(client.ApiClient(configuration=cfg))
+        return cls(await KubeClient.connect(kubeconfig, request_timeout=TIMEOUT))
 
     async def close(self) -> None:
-        await self.api.close()
-
-    async def _call(self, fn: Any, *args: Any, retry_5xx: bool = True, **kwargs: Any) -> Any:
-        """One API call; a throttled (429) or briefly failing (5xx) API server is retried twice.
-
-        Creates pass ``retry_5xx=False``: a 5xx may come after the object was made.
-        """
-        for attempt in range(3):
-            try:
-                return await fn(*args, **kwargs)
-            except ApiException as exc:
-                status = exc.status or 0
-                if attempt == 2 or not (status == 429 or (retry_5xx and 500 <= status < 600)):
-                    raise
-                await asyncio.sleep(0.1 * (attempt + 1) ** 2)
-        raise AssertionError("unreachable")
-
-    def _plain(self, obj: Any) -> dict[str, Any]:
-        result: dict[str, Any] = self.api.sanitize_for_serialization(obj)
-        return result
+        await self.kube.close()
 
     # --- custom objects (namespaced) -----------------------------------------------------------
 
     async def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = await self._call(
-                self.custom.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                _request_timeout=TIMEOUT,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise upstream(exc, f"get {plural}/{name}") from exc
-        return obj
+        with _upstream(f"get {plural}/{name}"):
+            return await self.kube.get_custom(plural, namespace, name)
 
     async def list_objects(
         self, plural: str, namespace: str, label_selector: str | None = None
     ) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {}
-        if label_selector:
-            kwargs["label_selector"] = label_selector
-        try:
-            listing = await self._call(
-                self.custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                _request_timeout=TIMEOUT,
-                **kwargs,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return []
-            raise upstream(exc, f"list {plural}") from exc
-        items: list[dict[str, Any]] = listing.get("items", [])
-        return items
+        with _upstream(f"list {plural}"):
+            return await self.kube.list_custom(plural, namespace, label_selector)
 
     async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            created: dict[str, Any] = await self._call(
-                self.custom.create_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                body,
-                retry_5xx=False,
-                _request_timeout=TIMEOUT,
-            )
+            return await self.kube.create_custom(plural, namespace, body)
         except ApiException as exc:
-            if exc.status == 409:
-                raise Conflict(body["metadata"]["name"]) from exc
             if exc.status == 404:  # the tenant namespace does not exist
                 raise APIError(
                     403,
@@ -200,45 +136,16 @@ class GatewayKube:
                     400, f"Invalid request: {_reason(exc)}", code="invalid_value"
                 ) from exc
             raise upstream(exc, f"create {plural}") from exc
-        return created
 
     async def patch(
         self, plural: str, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = await self._call(
-                self.custom.patch_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                patch,
-                _request_timeout=TIMEOUT,
-                _content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise upstream(exc, f"patch {plural}/{name}") from exc
-        return obj
+        with _upstream(f"patch {plural}/{name}"):
+            return await self.kube.patch_custom(plural, namespace, name, patch)
 
     async def delete(self, plural: str, namespace: str, name: str) -> bool:
-        try:
-            await self._call(
-                self.custom.delete_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                _request_timeout=TIMEOUT,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise upstream(exc, f"delete {plural}/{name}") from exc
-        return True
+        with _upstream(f"delete {plural}/{name}"):
+            return await self.kube.delete_custom(plural, namespace, name)
 
     async def replace_status(
         self, plural: str, namespace: str, name: str, body: dict[str, Any]
@@ -248,61 +155,24 @@ class GatewayKube:
         :class:`Conflict` when the object changed since it was read (re-read and retry), None
         when it is gone.
         """
-        try:
-            obj: dict[str, Any] = await self._call(
-                self.custom.replace_namespaced_custom_object_status,
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                body,
-                retry_5xx=False,
-                _request_timeout=TIMEOUT,
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                raise Conflict(name) from exc
-            if exc.status == 404:
-                return None
-            raise upstream(exc, f"replace {plural}/{name}/status") from exc
-        return obj
+        with _upstream(f"replace {plural}/{name}/status"):
+            return await self.kube.replace_custom_status(plural, namespace, name, body)
 
     async def list_pools(self) -> list[dict[str, Any]]:
-        try:
-            listing = await self._call(
-                self.custom.list_cluster_custom_object,
-                GROUP,
-                VERSION,
-                "batchpools",
-                _request_timeout=TIMEOUT,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return []
-            raise upstream(exc, "list batchpools") from exc
-        items: list[dict[str, Any]] = listing.get("items", [])
-        return items
+        with _upstream("list batchpools"):
+            return await self.kube.list_custom("batchpools")
 
     # --- core ----------------------------------------------------------------------------------
 
     async def namespace_annotations(self, namespace: str) -> dict[str, str] | None:
-        try:
-            ns = await self._call(self.core.read_namespace, namespace, _request_timeout=TIMEOUT)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise upstream(exc, f"read namespace {namespace}") from exc
-        return dict(ns.metadata.annotations or {})
+        with _upstream(f"read namespace {namespace}"):
+            return await self.kube.namespace_annotations(namespace)
 
     async def list_key_secrets(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
-        listing = await self._call(
-            self.core.list_namespaced_secret,
-            namespace,
-            label_selector=f"{KEY_LABEL}=true",
-            _request_timeout=TIMEOUT,
+        listing = await self.kube.call(
+            self.kube.core.list_namespaced_secret, namespace, label_selector=f"{KEY_LABEL}=true"
         )
-        items = [self._plain(item) for item in listing.items]
+        items = [self.kube.plain(item) for item in listing.items]
         return items, str(listing.metadata.resource_version or "")
 
     async def watch_key_secrets(
@@ -312,7 +182,7 @@ class GatewayKube:
         watcher = watch.Watch()
         try:
             async with watcher.stream(
-                self.core.list_namespaced_secret,
+                self.kube.core.list_namespaced_secret,
                 namespace,
                 label_selector=f"{KEY_LABEL}=true",
                 resource_version=resource_version,

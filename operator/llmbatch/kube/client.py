@@ -57,7 +57,7 @@ class KubeClient:
     async def close(self) -> None:
         await self.api.close()
 
-    async def _call(
+    async def call(
         self, fn: Callable[..., Awaitable[_T]], *args: Any, retry_5xx: bool = True, **kwargs: Any
     ) -> _T:
         """One API call; 429 (and 5xx unless ``retry_5xx`` is False) retried twice."""
@@ -86,11 +86,11 @@ class KubeClient:
         """One object (``namespace`` None: cluster-scoped), or None when it does not exist."""
         try:
             if namespace is None:
-                obj = await self._call(
+                obj = await self.call(
                     self.custom.get_cluster_custom_object, GROUP, VERSION, plural, name
                 )
             else:
-                obj = await self._call(
+                obj = await self.call(
                     self.custom.get_namespaced_custom_object,
                     GROUP,
                     VERSION,
@@ -128,11 +128,11 @@ class KubeClient:
                 kwargs["label_selector"] = label_selector
             try:
                 if namespace is None:
-                    listing = await self._call(
+                    listing = await self.call(
                         self.custom.list_cluster_custom_object, GROUP, VERSION, plural, **kwargs
                     )
                 else:
-                    listing = await self._call(
+                    listing = await self.call(
                         self.custom.list_namespaced_custom_object,
                         GROUP,
                         VERSION,
@@ -155,7 +155,7 @@ class KubeClient:
     ) -> dict[str, Any]:
         """Create a namespaced object; :class:`Conflict` when its name is taken."""
         try:
-            created: dict[str, Any] = await self._call(
+            created: dict[str, Any] = await self.call(
                 self.custom.create_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -188,7 +188,7 @@ class KubeClient:
     ) -> dict[str, Any] | None:
         """Merge-patch an object; None when it is gone."""
         try:
-            obj: dict[str, Any] = await self._call(
+            obj: dict[str, Any] = await self.call(
                 self.custom.patch_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -209,7 +209,7 @@ class KubeClient:
     ) -> bool:
         """Merge-patch the status subresource; False when the object is gone."""
         try:
-            await self._call(
+            await self.call(
                 self.custom.patch_namespaced_custom_object_status,
                 GROUP,
                 VERSION,
@@ -233,7 +233,7 @@ class KubeClient:
         The object written; :class:`Conflict` when it changed since it was read; None when gone.
         """
         try:
-            written: dict[str, Any] = await self._call(
+            written: dict[str, Any] = await self.call(
                 self.custom.replace_namespaced_custom_object_status,
                 GROUP,
                 VERSION,
@@ -263,7 +263,7 @@ class KubeClient:
             preconditions=client.V1Preconditions(uid=uid) if uid else None
         )
         try:
-            await self._call(
+            await self.call(
                 self.custom.delete_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -286,7 +286,7 @@ class KubeClient:
             "metadata": {"name": name},
         }
         try:
-            await self._call(
+            await self.call(
                 self.custom.create_cluster_custom_object,
                 "kopf.dev",
                 "v1",
@@ -303,7 +303,7 @@ class KubeClient:
     async def namespace_annotations(self, namespace: str) -> dict[str, str] | None:
         """The namespace's annotations; None when it does not exist."""
         try:
-            ns = await self._call(self.core.read_namespace, namespace)
+            ns = await self.call(self.core.read_namespace, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -316,28 +316,28 @@ class KubeClient:
         """Create a Job; on 409 (it exists: a restarted operator) adopt the existing one."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            job = await self._call(
+            job = await self.call(
                 self.batch.create_namespaced_job, namespace, body, retry_5xx=False
             )
             return self.plain(job)
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        return self.plain(await self._call(self.batch.read_namespaced_job, name, namespace))
+        return self.plain(await self.call(self.batch.read_namespaced_job, name, namespace))
 
     async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        listing = await self._call(
+        listing = await self.call(
             self.batch.list_namespaced_job, namespace, label_selector=selector
         )
         return [self.plain(job) for job in listing.items]
 
     async def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        await self._call(self.batch.patch_namespaced_job, name, namespace, patch)
+        await self.call(self.batch.patch_namespaced_job, name, namespace, patch)
 
     async def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and, in the background, its pods; a missing Job is not an error."""
         try:
-            await self._call(
+            await self.call(
                 self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background"
             )
         except ApiException as exc:
@@ -345,18 +345,14 @@ class KubeClient:
                 raise
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        listing = await self._call(
-            self.core.list_namespaced_pod, namespace, label_selector=selector
-        )
+        listing = await self.call(self.core.list_namespaced_pod, namespace, label_selector=selector)
         return [self.plain(pod) for pod in listing.items]
 
     async def delete_pods(self, namespace: str, selector: str) -> None:
         """Delete the pods of deleted Jobs that the garbage collector has not reached yet."""
         for pod in await self.list_pods(namespace, selector):
             try:
-                await self._call(
-                    self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace
-                )
+                await self.call(self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace)
             except ApiException as exc:
                 if exc.status != 404:
                     raise

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from llmbatch.kube.client import Conflict
 
@@ -24,24 +24,15 @@ class Contended(RuntimeError):
     """The object kept changing for every attempt; the caller retries later."""
 
 
-class StatusWriter(Protocol):
-    async def get_custom(
-        self, plural: str, namespace: str | None, name: str
-    ) -> dict[str, Any] | None: ...
-
-    async def replace_custom_status(
-        self, plural: str, namespace: str, name: str, body: dict[str, Any]
-    ) -> Any: ...
+Read = Callable[[], Awaitable[dict[str, Any] | None]]
+"""Reads the object (None: it does not exist)."""
+Write = Callable[[dict[str, Any]], Awaitable[Any]]
+"""PUTs the object's status subresource with its resourceVersion as precondition: raises
+:class:`Conflict` when it changed since it was read, returns something falsy when it is gone."""
 
 
 async def update_status(
-    kube: StatusWriter,
-    plural: str,
-    namespace: str,
-    name: str,
-    change: StatusChange,
-    *,
-    attempts: int = ATTEMPTS,
+    read: Read, write: Write, change: StatusChange, *, attempts: int = ATTEMPTS
 ) -> dict[str, Any] | None:
     """Apply ``change`` to the object's status until the write sticks.
 
@@ -50,19 +41,17 @@ async def update_status(
     :class:`Contended` after ``attempts`` conflicting writes.
     """
     for attempt in range(attempts):
-        obj = await kube.get_custom(plural, namespace, name)
+        obj = await read()
         if obj is None:
             return None
         status = change(obj)
         if status is None:
             return None
         try:
-            if not await kube.replace_custom_status(
-                plural, namespace, name, {**obj, "status": status}
-            ):
+            if not await write({**obj, "status": status}):
                 return None
         except Conflict:
             await asyncio.sleep(random.uniform(0, 0.01 * min(attempt + 1, 10)))
             continue
         return status
-    raise Contended(f"{plural}/{name} in {namespace} kept changing; retry later")
+    raise Contended("the object kept changing; retry later")
