@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import openai
 import pytest
 
 from llmbatch.commands import devstack
-from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes
+from llmbatch.devcluster import ClusterConfig, ComponentSpec, DevCluster, DevClusterError, gpu_nodes
 from tests.fixtures.cluster import kubectl, require_binaries, start_cluster
 from tests.fixtures.gateway import free_port, wait_for_key
 from tests.fixtures.operator import simulated_pool
@@ -65,6 +66,52 @@ def test_dev_down_then_up_at_once(tmp_path: Path) -> None:
             assert not _running(status["controlplane_pid"])
     finally:
         dev("down", "--state-dir", state)
+
+
+def test_dev_down_while_dev_up_is_starting(tmp_path: Path) -> None:
+    """`dev down` during a `dev up` stops the cluster at once instead of waiting for the start to
+    finish (here: a component that never becomes ready holds the start)."""
+    require_binaries()
+    state = tmp_path / "dev"
+    never_ready = ComponentSpec(
+        name="never-ready",
+        command=["sleep", "300"],
+        ready_file="{state_dir}/never",
+        ready_timeout=240,
+    )
+    cfg = ClusterConfig(
+        state_dir=state, nodes=gpu_nodes(1, gpus=1, prefix="solo"), components=[never_ready]
+    )
+    failures: list[BaseException] = []
+
+    def up() -> None:
+        try:
+            DevCluster.start(cfg, detach=True, timeout=240)
+        except BaseException as err:  # the start fails: the cluster is stopped under it
+            failures.append(err)
+
+    starting = threading.Thread(target=up)
+    starting.start()
+    cluster = DevCluster(state)
+    try:
+        _wait(
+            lambda: cluster.status().get("components", {}).get("never-ready"),
+            120,
+            "the never-ready component to be started",
+            lambda: str(cluster.status()),
+        )
+        assert cluster.status()["state"] == "starting"
+        began = time.monotonic()
+        assert cluster.stop() is True
+        assert time.monotonic() - began < 30
+        assert cluster.leftover_processes() == []
+        starting.join(60)
+        assert len(failures) == 1, "dev up did not fail"
+        assert isinstance(failures[0], DevClusterError), failures
+        assert cluster.status()["state"] == "stopped"
+    finally:
+        cluster.stop()
+        starting.join(60)
 
 
 def _running(pid: int) -> bool:
