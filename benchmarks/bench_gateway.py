@@ -67,7 +67,11 @@ def serve_fake(port: int, store: str, key: str) -> None:
     kube = FakeKube()
     kube.namespaces[TENANT] = {}
     kube.put_secret(key_secret("bench", hash_key(key), TENANT, ["inference:write"], GATEWAY_NS))
-    settings = GatewaySettings(store_uri=store, gateway_namespace=GATEWAY_NS)
+    settings = GatewaySettings(
+        store_uri=store,
+        gateway_namespace=GATEWAY_NS,
+        metrics_port=int(os.environ["LLMBATCH_GATEWAY_METRICS_PORT"]),
+    )
     app = create_app(settings, kube=kube, store=open_store(store))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
@@ -121,7 +125,13 @@ def apply_crds(kubeconfig: str) -> None:
 
 
 def start_gateway(mode: str, kubeconfig: str | None, store: str, key: str, port: int) -> Any:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    """The gateway process; its ``metrics_url`` attribute is its own metrics listener."""
+    metrics_port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "LLMBATCH_GATEWAY_METRICS_PORT": str(metrics_port),
+    }
     if mode == "fake":
         argv = [
             sys.executable,
@@ -155,6 +165,7 @@ def start_gateway(mode: str, kubeconfig: str | None, store: str, key: str, port:
             "warning",
         ]
     proc = subprocess.Popen(argv, env=env, cwd=ROOT)
+    proc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"  # type: ignore[attr-defined]
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -285,9 +296,10 @@ def create_batch(base: str, key: str) -> str:
     return str(b.json()["id"])
 
 
-def server_quantiles(base: str) -> tuple[float, float]:
-    """p50 and p99 bucket bounds of GET /v1/batches/{batch_id} from the gateway's histogram."""
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+def server_quantiles(metrics_url: str) -> tuple[float, float]:
+    """p50 and p99 bucket bounds of GET /v1/batches/{batch_id} from the gateway's histogram
+    (served on the gateway's own metrics listener, never the API port)."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
         text = resp.read().decode()
     buckets: list[tuple[float, float]] = []
     for line in text.splitlines():
@@ -375,7 +387,7 @@ def main() -> None:
                     )
                     for _ in range(args.runs)
                 ]
-                server_side = server_quantiles(base)
+                server_side = server_quantiles(proc.metrics_url)
             finally:
                 proc.terminate()
                 proc.wait(timeout=20)

@@ -19,7 +19,8 @@ import click
     "--namespace",
     "namespaces",
     multiple=True,
-    help="Watch only these tenant namespaces (default: the whole cluster).",
+    help="Serve only the Batches of these tenant namespaces (default: $LLMBATCH_NAMESPACES, "
+    "comma-separated, else every namespace).",
 )
 @click.option("--standalone", is_flag=True, help="Skip peering (a single replica, no peers).")
 @click.option(
@@ -40,7 +41,7 @@ def operator(
     """Run the operator (settings from LLMBATCH_* environment variables; see docs/operations.md)."""
     if kubeconfig:
         os.environ["KUBECONFIG"] = os.path.abspath(kubeconfig)
-    if namespaces:  # what the retention sweep lists, like kopf's watches
+    if namespaces:  # one setting for the Batch handlers, the retention sweep and credit upkeep
         os.environ["LLMBATCH_NAMESPACES"] = ",".join(namespaces)
     import kopf
 
@@ -53,9 +54,10 @@ def operator(
     if not verbose:
         # kopf logs every successful timer run at INFO: once a second per object.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # Always cluster-wide: BatchPools are cluster-scoped and replicas meet in the
+    # ClusterKopfPeering; LLMBATCH_NAMESPACES filters the Batch handlers instead.
     kopf.run(
-        clusterwide=not namespaces,
-        namespaces=list(namespaces),
+        clusterwide=True,
         standalone=standalone,
         peering_name=os.environ.get("LLMBATCH_PEERING", "llmbatch"),
         liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,

@@ -25,6 +25,10 @@ from llmbatch.storage import open_store
 
 FINALIZER = "llmbatch.io/finalizer"
 INTERVAL = float(os.environ.get("LLMBATCH_RECONCILE_INTERVAL", "2"))
+#: The tenant namespaces whose Batches this operator serves (LLMBATCH_NAMESPACES; empty: all).
+#: kopf itself always watches cluster-wide: BatchPools are cluster-scoped and the peering object
+#: is the ClusterKopfPeering, so scoping is a filter on every Batch handler.
+SERVED = frozenset(filter(None, os.environ.get("LLMBATCH_NAMESPACES", "").split(",")))
 
 # One reconcile at a time per batch, whichever handler (timer, create, cancel) triggered it.
 _locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -91,8 +95,12 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
     metrics.observe_batch(uid, current)
 
 
-def _active(status: kopf.Status, **_: Any) -> bool:
-    return status.get("status") not in TERMINAL
+def _served(namespace: str | None, **_: Any) -> bool:
+    return not SERVED or namespace in SERVED
+
+
+def _active(status: kopf.Status, namespace: str | None, **_: Any) -> bool:
+    return _served(namespace) and status.get("status") not in TERMINAL
 
 
 @kopf.timer(GROUP, VERSION, "batches", interval=INTERVAL, initial_delay=INTERVAL, when=_active)
@@ -101,20 +109,20 @@ async def batch_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: 
     await _reconcile(body, patch, memo)
 
 
-@kopf.on.resume(GROUP, VERSION, "batches")
-@kopf.on.create(GROUP, VERSION, "batches")
+@kopf.on.resume(GROUP, VERSION, "batches", when=_served)
+@kopf.on.create(GROUP, VERSION, "batches", when=_served)
 async def batch_created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Start at once instead of waiting for the first timer tick; re-attach after a restart."""
     await _reconcile(body, patch, memo)
 
 
-@kopf.on.field(GROUP, VERSION, "batches", field="spec.cancel", new=True)
+@kopf.on.field(GROUP, VERSION, "batches", field="spec.cancel", new=True, when=_served)
 async def batch_cancel(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """React to a cancel request at once."""
     await _reconcile(body, patch, memo)
 
 
-@kopf.on.delete(GROUP, VERSION, "batches")
+@kopf.on.delete(GROUP, VERSION, "batches", when=_served)
 async def batch_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Remove the batch's Jobs and work area; its BatchFiles go by owner references."""
     uid = body["metadata"]["uid"]

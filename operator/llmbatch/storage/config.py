@@ -270,14 +270,16 @@ class StoreSettings(BaseModel):
         max_length=253,
         description=(
             "Name of a Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or accessKeyID/"
-            "secretAccessKey) mounted at secretMountPath; empty: the pod's AWS identity / env."
+            "secretAccessKey) mounted at secretMountPath, for callers that build a store from "
+            "these settings; the Helm chart passes its store.secretName as environment "
+            "variables instead (docs/storage.md). Empty: the pod's AWS identity / env."
         ),
     )
     secret_mount_path: str = Field(
         default="/var/run/secrets/llmbatch/store",
         alias="secretMountPath",
         max_length=4096,
-        description="Where the credentials Secret is mounted in operator, gateway and executors.",
+        description="Where the credentialsSecret is mounted (the chart mounts none).",
     )
     checksum: ChecksumMode = Field(
         default="when_required",
