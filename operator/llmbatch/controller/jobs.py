@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from llmbatch.api.resources import BatchPoolSpec
@@ -32,6 +33,110 @@ RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
 }
 
 
+#: Exit codes → Job actions: preemption (SIGTERM → flush → 75) and a node drain never spend the
+#: retry budget; an unusable spec (78) fails the Job at once; every other exit is retried.
+POD_FAILURE_POLICY: dict[str, Any] = {
+    "rules": [
+        {
+            "action": "Ignore",
+            "onExitCodes": {
+                "containerName": "executor",
+                "operator": "In",
+                "values": [EXIT_PREEMPTED],
+            },
+        },
+        {
+            "action": "FailJob",
+            "onExitCodes": {
+                "containerName": "executor",
+                "operator": "In",
+                "values": [EXIT_BAD_CONFIG],
+            },
+        },
+        {
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        },
+    ]
+}
+
+
+def _resources(pool: BatchPoolSpec) -> dict[str, dict[str, str]]:
+    executor = pool.executor
+    resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+    if pool.gpus_per_slot:
+        resources["requests"]["nvidia.com/gpu"] = str(pool.gpus_per_slot)
+        resources["limits"]["nvidia.com/gpu"] = str(pool.gpus_per_slot)
+    if executor.cpu:
+        resources["requests"]["cpu"] = resources["limits"]["cpu"] = executor.cpu
+    if executor.memory:
+        resources["requests"]["memory"] = resources["limits"]["memory"] = executor.memory
+    return resources
+
+
+def _container(config: OperatorConfig, pool: BatchPoolSpec, name: str, spec_key: str) -> Any:
+    """The executor container: the shard spec's location, env, resources, store credentials."""
+    executor = pool.executor
+    env = [{"name": "LLMBATCH_SHARD_JOB", "value": name}]
+    env += [{"name": e.name, "value": e.value} for e in executor.env or []]
+    container: dict[str, Any] = {
+        "name": "executor",
+        "image": executor.image,
+        "command": [*config.executor_command],
+        "args": ["--shard-spec", f"{config.executor_store_uri}#{spec_key}"],
+        "env": env,
+        "resources": _resources(pool),
+        "securityContext": RESTRICTED_CONTAINER_SECURITY,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    # Store credentials reach every component the same way: a Secret's keys as environment
+    # variables (boto3's chain). The pool's own Secret wins over the operator-wide default.
+    store_secret = executor.store_secret_name or config.executor_store_secret
+    if store_secret:
+        container["envFrom"] = [{"secretRef": {"name": store_secret}}]
+    return container
+
+
+def _pod_spec(config: OperatorConfig, pool: BatchPoolSpec, tier: str, container: Any) -> Any:
+    """Restricted pod security, volumes (tmp, model cache, /dev/shm), placement, priority."""
+    executor = pool.executor
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": executor.termination_grace_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if executor.model_cache:
+        cache = executor.model_cache
+        claim = {"claimName": cache.claim_name, "readOnly": cache.read_only}
+        pod_spec["volumes"].append({"name": "model-cache", "persistentVolumeClaim": claim})
+        container["volumeMounts"].append(
+            {"name": "model-cache", "mountPath": cache.mount_path, "readOnly": cache.read_only}
+        )
+    if executor.shm_size:
+        pod_spec["volumes"].append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": executor.shm_size}}
+        )
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    if executor.service_account_name:
+        pod_spec["serviceAccountName"] = executor.service_account_name
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        pod_spec["tolerations"] = [t.to_k8s() for t in pool.tolerations]
+    if config.priority_class_prefix:
+        pod_spec["priorityClassName"] = f"{config.priority_class_prefix}-{tier}"
+    return pod_spec
+
+
 def build_shard_job(
     *,
     config: OperatorConfig,
@@ -55,73 +160,7 @@ def build_shard_job(
         LABEL_SHARD: str(shard_index),
         LABEL_COMPONENT: "executor",
     }
-    executor = pool.executor
-    resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
-    if pool.gpus_per_slot:
-        resources["requests"]["nvidia.com/gpu"] = str(pool.gpus_per_slot)
-        resources["limits"]["nvidia.com/gpu"] = str(pool.gpus_per_slot)
-    if executor.cpu:
-        resources["requests"]["cpu"] = resources["limits"]["cpu"] = executor.cpu
-    if executor.memory:
-        resources["requests"]["memory"] = resources["limits"]["memory"] = executor.memory
-    env = [{"name": "LLMBATCH_SHARD_JOB", "value": name}]
-    env += [{"name": e.name, "value": e.value} for e in executor.env or []]
-    container: dict[str, Any] = {
-        "name": "executor",
-        "image": executor.image,
-        "command": [*config.executor_command],
-        "args": ["--shard-spec", f"{config.executor_store_uri}#{spec_key}"],
-        "env": env,
-        "resources": resources,
-        "securityContext": RESTRICTED_CONTAINER_SECURITY,
-        "terminationMessagePath": "/dev/termination-log",
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-    }
-    # Store credentials reach every component the same way: a Secret's keys as environment
-    # variables (boto3's chain). The pool's own Secret wins over the operator-wide default.
-    store_secret = executor.store_secret_name or config.executor_store_secret
-    if store_secret:
-        container["envFrom"] = [{"secretRef": {"name": store_secret}}]
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": executor.termination_grace_seconds,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [container],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
-    }
-    if executor.model_cache:
-        cache = executor.model_cache
-        pod_spec["volumes"].append(
-            {
-                "name": "model-cache",
-                "persistentVolumeClaim": {
-                    "claimName": cache.claim_name,
-                    "readOnly": cache.read_only,
-                },
-            }
-        )
-        container["volumeMounts"].append(
-            {"name": "model-cache", "mountPath": cache.mount_path, "readOnly": cache.read_only}
-        )
-    if executor.shm_size:
-        pod_spec["volumes"].append(
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": executor.shm_size}}
-        )
-        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
-    if executor.service_account_name:
-        pod_spec["serviceAccountName"] = executor.service_account_name
-    if pool.node_selector:
-        pod_spec["nodeSelector"] = dict(pool.node_selector)
-    if pool.tolerations:
-        pod_spec["tolerations"] = [t.to_k8s() for t in pool.tolerations]
-    if config.priority_class_prefix:
-        pod_spec["priorityClassName"] = f"{config.priority_class_prefix}-{tier}"
+    pod_spec = _pod_spec(config, pool, tier, _container(config, pool, name, spec_key))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -140,32 +179,8 @@ def build_shard_job(
             "suspend": True,
             "completions": 1,
             "parallelism": 1,
-            "backoffLimit": executor.backoff_limit,
-            "podFailurePolicy": {
-                "rules": [
-                    {
-                        # Preemption (SIGTERM → flush → 75) never spends the retry budget.
-                        "action": "Ignore",
-                        "onExitCodes": {
-                            "containerName": "executor",
-                            "operator": "In",
-                            "values": [EXIT_PREEMPTED],
-                        },
-                    },
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": "executor",
-                            "operator": "In",
-                            "values": [EXIT_BAD_CONFIG],
-                        },
-                    },
-                    {
-                        "action": "Ignore",
-                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-                    },
-                ]
-            },
+            "backoffLimit": pool.executor.backoff_limit,
+            "podFailurePolicy": copy.deepcopy(POD_FAILURE_POLICY),
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }

@@ -73,6 +73,83 @@ def _usage_details(body: dict[str, object]) -> tuple[int, int]:
     )
 
 
+class _Merge:
+    """The state of one merge: custom_ids seen, the parts of each final file, the counts."""
+
+    def __init__(self, store: ObjectStore, namespace: str, batch_uid: str, input_key: str) -> None:
+        self.store = store
+        self.batch_uid = batch_uid
+        self.input_key = input_key
+        self.final = f"{work_prefix(namespace, batch_uid)}/final"
+        self.seen: set[str] = set()
+        self.parts: dict[str, list[str]] = {"output": [], "errors": []}
+        self.result = MergedResults(output_key=None, error_key=None)
+
+    def add_chunk(self, kind: ChunkKind, key: str) -> None:
+        """Count a chunk's lines not seen before; a chunk with duplicates is copied without
+        them (the composed file must hold each custom_id once)."""
+        kept: list[bytes] = []
+        dropped = 0
+        for raw in _lines(self.store.get(key)):
+            line = orjson.loads(raw)
+            if line["custom_id"] in self.seen:
+                dropped += 1
+                continue
+            self.seen.add(line["custom_id"])
+            kept.append(raw)
+            if kind == "output":
+                self._count_success(line)
+            else:
+                self.result.failed += 1
+        if dropped:
+            key = f"{self.final}/dedup/{key.rsplit('/', 2)[-2]}-{key.rsplit('/', 1)[-1]}"
+            self.store.put(key, b"".join(raw + b"\n" for raw in kept))
+        if kept:
+            self.parts[kind].append(key)
+
+    def _count_success(self, line: dict[str, object]) -> None:
+        response = line.get("response")
+        body = (response.get("body") if isinstance(response, dict) else None) or {}
+        i, o, t = usage_of(body)
+        cached, reasoning = _usage_details(body)
+        result = self.result
+        result.completed += 1
+        result.input_tokens += i
+        result.output_tokens += o
+        result.total_tokens += t
+        result.cached_tokens += cached
+        result.reasoning_tokens += reasoning
+
+    def add_never_run(self, shard: ShardOutcome) -> None:
+        """An error line for every request of the shard's range that has no result."""
+        try:
+            chunks = self.store.iter_range(self.input_key, shard.start, shard.end)
+        except ObjectNotFound:
+            # Only a batch accepted before inputs were pinned to its work area can get here
+            # (or bytes removed behind the operator's back): finish with what is known.
+            self.result.input_missing = (
+                "The input was deleted while the batch ran; requests that had not run by then "
+                "are counted as failed but have no line in the error file."
+            )
+            return
+        missing: list[bytes] = []
+        for _, raw in iter_lines(chunks, shard.first_line):
+            try:
+                custom_id = orjson.loads(raw)["custom_id"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # validation guarantees this cannot happen
+            if custom_id in self.seen:
+                continue
+            self.seen.add(custom_id)
+            code, reason = shard.never_run_code, shard.reason
+            missing.append(never_run_line(self.batch_uid, custom_id, code, reason))
+        if missing:
+            key = f"{self.final}/never-run-{shard.index:05d}.jsonl"
+            self.store.put(key, b"".join(raw + b"\n" for raw in missing))
+            self.parts["errors"].append(key)
+            self.result.failed += len(missing)
+
+
 def merge_shard_outputs(
     store: ObjectStore,
     *,
@@ -84,73 +161,17 @@ def merge_shard_outputs(
     error_key: str,
 ) -> MergedResults:
     """Write the final output and error files of a batch; see the module docstring."""
-    final = f"{work_prefix(namespace, batch_uid)}/final"
-    seen: set[str] = set()
-    parts: dict[str, list[str]] = {"output": [], "errors": []}
-    result = MergedResults(output_key=None, error_key=None)
+    merge = _Merge(store, namespace, batch_uid, input_key)
     for shard in shards:
-        kinds: tuple[ChunkKind, ...] = ("output", "errors")
-        for kind in kinds:
+        for kind in ("output", "errors"):
             for key in list_chunks(store, shard.prefix, kind):
-                data = store.get(key)
-                kept: list[bytes] = []
-                dropped = 0
-                for raw in _lines(data):
-                    line = orjson.loads(raw)
-                    custom_id = line["custom_id"]
-                    if custom_id in seen:
-                        dropped += 1
-                        continue
-                    seen.add(custom_id)
-                    kept.append(raw)
-                    if kind == "output":
-                        result.completed += 1
-                        body = (line.get("response") or {}).get("body") or {}
-                        i, o, t = usage_of(body)
-                        cached, reasoning = _usage_details(body)
-                        result.input_tokens += i
-                        result.output_tokens += o
-                        result.total_tokens += t
-                        result.cached_tokens += cached
-                        result.reasoning_tokens += reasoning
-                    else:
-                        result.failed += 1
-                if dropped:
-                    # Rewrite the chunk without the duplicates; compose the copy instead.
-                    key = f"{final}/dedup/{key.rsplit('/', 2)[-2]}-{key.rsplit('/', 1)[-1]}"
-                    store.put(key, b"".join(raw + b"\n" for raw in kept))
-                if kept:
-                    parts[kind].append(key)
-        # Requests of the shard's range with no result at all never ran.
-        missing: list[bytes] = []
-        try:
-            chunks = store.iter_range(input_key, shard.start, shard.end)
-        except ObjectNotFound:
-            # Only a batch accepted before inputs were pinned to its work area can get here
-            # (or bytes removed behind the operator's back): finish with what is known.
-            result.input_missing = (
-                "The input was deleted while the batch ran; requests that had not run by then "
-                "are counted as failed but have no line in the error file."
-            )
-            continue
-        for _, raw in iter_lines(chunks, shard.first_line):
-            try:
-                custom_id = orjson.loads(raw)["custom_id"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue  # validation guarantees this cannot happen
-            if custom_id in seen:
-                continue
-            seen.add(custom_id)
-            missing.append(never_run_line(batch_uid, custom_id, shard.never_run_code, shard.reason))
-        if missing:
-            key = f"{final}/never-run-{shard.index:05d}.jsonl"
-            store.put(key, b"".join(raw + b"\n" for raw in missing))
-            parts["errors"].append(key)
-            result.failed += len(missing)
-    if parts["output"]:
+                merge.add_chunk(kind, key)
+        merge.add_never_run(shard)
+    result = merge.result
+    if merge.parts["output"]:
         result.output_key = output_key
-        result.output_bytes = store.compose(output_key, parts["output"]).size
-    if parts["errors"]:
+        result.output_bytes = store.compose(output_key, merge.parts["output"]).size
+    if merge.parts["errors"]:
         result.error_key = error_key
-        result.error_bytes = store.compose(error_key, parts["errors"]).size
+        result.error_bytes = store.compose(error_key, merge.parts["errors"]).size
     return result
