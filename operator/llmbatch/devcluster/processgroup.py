@@ -15,12 +15,16 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
+
+from llmbatch.devcluster.procs import group_members
 
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.1  # exit polling where pidfd_open is missing (Linux < 5.3)
+GROUP_KILL_SECONDS = 10.0  # how long a killed group may take to exit before the leader is reaped
 _UNREAPED: set[int] = set()  # leaders spawned here and not yet reaped (their owner reaps them)
 
 
@@ -73,21 +77,36 @@ class ProcessGroup:
         return True
 
     async def wait(self) -> int:
-        """Wait for the leader to exit, kill what is left of its group, reap it; the returncode.
+        """Wait for the leader to exit, kill what is left of its group and wait until it is gone
+        (like a container's PID namespace), reap the leader; the returncode.
 
         Safe to call from several tasks and again after cancellation.
         """
         while self.returncode is None:
             await self._exited()
             if self.returncode is None:
+                await self._empty_group()
+            if self.returncode is None:
                 self._reap()
         return self.returncode
 
+    async def _empty_group(self) -> None:
+        """SIGKILL the rest of the group until no live member is left (bounded)."""
+        # The leader is a zombie here: its pid, the group id, cannot be reused until it is
+        # reaped, so signalling the group cannot hit another process.
+        deadline = time.monotonic() + GROUP_KILL_SECONDS
+        while self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            members = group_members(self.pid)
+            if not members:
+                return
+            if time.monotonic() > deadline:
+                log.warning("process group %d: %s survive SIGKILL", self.pid, members)
+                return
+            await asyncio.sleep(_POLL_SECONDS / 5)
+
     def _reap(self) -> None:
-        # The leader is a zombie here: its pid, the group id, cannot be reused yet. Nothing
-        # awaits between this kill and the reap, so no task can signal in between.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
         try:
             _, status = os.waitpid(self.pid, 0)
             code = os.waitstatus_to_exitcode(status)

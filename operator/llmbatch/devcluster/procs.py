@@ -95,6 +95,18 @@ def _is_zombie(entry: Path) -> bool:
     return fields is None or fields[0] in {"Z", "X"}
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid`` other than its leader."""
+    found: list[int] = []
+    for entry in _proc_entries():
+        fields = _stat_fields(entry)
+        if fields is None or fields[0] in {"Z", "X"} or int(fields[2]) != pgid:
+            continue
+        if int(entry.name) != pgid:
+            found.append(int(entry.name))
+    return found
+
+
 def start_time(pid: int) -> int | None:
     """When ``pid`` started (clock ticks since boot), None when it is gone or a zombie.
 
