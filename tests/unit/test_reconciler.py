@@ -62,9 +62,7 @@ def test_cancel_mid_run_keeps_finished_results(h: ReconcilerHarness) -> None:
     submit(h, requests=5)
     h.step_until(BATCH, "in_progress")
     h.step(BATCH)
-    first = h.jobs()[0]
-    h.run_executor(first)
-    h.finish_job(first)
+    h.complete(h.jobs()[0])
     h.step(BATCH)
     h.batch(BATCH)["spec"]["cancel"] = True
     status = h.step_until(BATCH, "cancelled")
@@ -171,9 +169,7 @@ def test_input_deleted_before_the_merge_of_an_older_batch_ends_it(
     status = h.status(BATCH)
     status["inputKey"] = keys.file_key(TENANT, FILE)  # as an older operator recorded it
     h.step(BATCH)
-    job = h.jobs()[0]
-    h.run_executor(job)
-    h.finish_job(job)
+    h.complete(h.jobs()[0])
     h.batch(BATCH)["spec"]["cancel"] = True
     h.step(BATCH)
     h.store.delete(keys.file_key(TENANT, FILE))
@@ -192,9 +188,7 @@ def test_pool_deleted_with_the_batch_in_flight(h: ReconcilerHarness) -> None:
     submit(h, requests=5)
     h.step_until(BATCH, "in_progress")
     h.step(BATCH)
-    first = h.jobs()[0]
-    h.run_executor(first)
-    h.finish_job(first)
+    h.complete(h.jobs()[0])
     h.step(BATCH)
     assert len(h.jobs()) == 3
     h.kube.remove("batchpools", None, "pool-a")

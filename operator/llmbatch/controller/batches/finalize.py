@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from llmbatch.api.resources import (
@@ -19,35 +18,21 @@ from llmbatch.api.resources import (
     Usage,
 )
 from llmbatch.controller import metrics
-from llmbatch.controller.batches.jobstate import gpu_seconds, gpus_per_slot, job_finished
+from llmbatch.controller.batches.deps import PhaseDeps
+from llmbatch.controller.batches.jobstate import gpu_time_charge, job_finished
 from llmbatch.controller.batches.merge import MergedResults, ShardOutcome, merge_shard_outputs
 from llmbatch.controller.batches.step import BatchView, Step, error, transition
-from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.jobs import LABEL_BATCH_UID
-from llmbatch.controller.kube import Kube
-from llmbatch.core import billing, keys
+from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
-from llmbatch.storage.base import ObjectStore
 
 log = logging.getLogger("llmbatch.controller.batches")
 
 
-class Finalization:
+class Finalization(PhaseDeps):
     """Runs the ``finalizing`` / ``cancelling`` phase of one batch per call (idempotent)."""
-
-    def __init__(
-        self,
-        kube: Kube,
-        store: ObjectStore,
-        config: OperatorConfig,
-        pool_of: Callable[[str | None], Any],
-    ) -> None:
-        self.kube = kube
-        self.store = store
-        self.config = config
-        self.pool_of = pool_of
 
     async def worker_namespace(self, batch: BatchView) -> str | None:
         """Where the batch's Jobs run: recorded at acceptance; the pool's for older batches."""
@@ -182,18 +167,8 @@ class Finalization:
         charges = batch.status.billing
         pricing = batch.status.pricing
         if charges is not None and charges.mode == "GPUTime":
-            used = gpu_seconds(batch.status, gpus_per_slot(batch.status, pool), now)
-            step.set(
-                cost=billing.final_charge(
-                    "GPUTime",
-                    pricing=None,
-                    input_tokens=0,
-                    output_tokens=0,
-                    gpu_seconds=used,
-                    gpu_hour_price=charges.gpu_hour_price,
-                ),
-                billing=charges.model_copy(update={"gpu_seconds": used}),
-            )
+            used, cost = gpu_time_charge(batch.status, pool, charges.gpu_hour_price, now)
+            step.set(cost=cost, billing=charges.model_copy(update={"gpu_seconds": used}))
         elif pricing is not None:
             step.set(
                 cost=cost_of(

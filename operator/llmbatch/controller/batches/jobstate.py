@@ -94,6 +94,22 @@ def gpu_seconds(status: BatchStatus, gpus: int, now: float) -> int:
     return total * gpus
 
 
+def gpu_time_charge(
+    status: BatchStatus, pool: BatchPoolSpec | None, gpu_hour_price: str | None, now: float
+) -> tuple[int, str]:
+    """(GPU-seconds used, their cost) of a batch on a GPUTime pool, runs still open ending now."""
+    used = gpu_seconds(status, gpus_per_slot(status, pool), now)
+    charge = billing.final_charge(
+        "GPUTime",
+        pricing=None,
+        input_tokens=0,
+        output_tokens=0,
+        gpu_seconds=used,
+        gpu_hour_price=gpu_hour_price,
+    )
+    return used, charge
+
+
 def gpus_per_slot(status: BatchStatus, pool: BatchPoolSpec | None) -> int:
     """GPUs per shard pod: recorded at acceptance, else the pool's (older batches), else 1."""
     if status.gpus_per_slot is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from llmbatch.api.resources import BatchBilling, BatchPoolSpec, Phase, RequestCounts
 from llmbatch.controller import metrics
 from llmbatch.controller.batches.finalize import Finalization
-from llmbatch.controller.batches.jobstate import gpu_seconds, gpus_per_slot
+from llmbatch.controller.batches.jobstate import gpu_time_charge
 from llmbatch.controller.batches.run import ShardRuns
 from llmbatch.controller.batches.step import (
     TERMINAL,
@@ -30,7 +30,7 @@ from llmbatch.controller.batches.validate import Validation
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.credits import CreditLedger
 from llmbatch.controller.kube import Kube
-from llmbatch.core import billing, keys, lifecycle, tiers
+from llmbatch.core import keys, lifecycle, tiers
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.storage.base import ObjectStore
 
@@ -187,13 +187,5 @@ class BatchReconciler:
         charge = "0"
         if charges.mode == "GPUTime":
             pool = await self.pool(batch.status.pool)
-            used = gpu_seconds(batch.status, gpus_per_slot(batch.status, pool), self.clock())
-            charge = billing.final_charge(
-                "GPUTime",
-                pricing=None,
-                input_tokens=0,
-                output_tokens=0,
-                gpu_seconds=used,
-                gpu_hour_price=charges.gpu_hour_price,
-            )
+            _, charge = gpu_time_charge(batch.status, pool, charges.gpu_hour_price, self.clock())
         await self.credits.settle(batch.namespace, batch.name, charge)

@@ -5,7 +5,7 @@ them), each Job's state folded into its shard, progress folded into the counts, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -13,14 +13,12 @@ import yaml
 from llmbatch.api.resources import BatchPoolSpec, Phase, RequestCounts, ShardStatus, Usage
 from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 from llmbatch.controller import metrics
+from llmbatch.controller.batches.deps import PhaseDeps
 from llmbatch.controller.batches.jobstate import observe_job
 from llmbatch.controller.batches.step import BatchView, Step, set_condition, transition
-from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.jobs import LABEL_BATCH_UID, build_shard_job
-from llmbatch.controller.kube import Kube
 from llmbatch.core import keys, tiers
 from llmbatch.core.ids import batch_id_from_name, shard_job_name
-from llmbatch.storage.base import ObjectStore
 from llmbatch.storage.shardresults import read_progress
 
 #: Re-runs of a shard whose Job succeeded without a result for every request (then: Failed).
@@ -37,21 +35,11 @@ def engine_args(pool: BatchPoolSpec) -> dict[str, Any]:
     return args
 
 
-class ShardRuns:
+@dataclass
+class ShardRuns(PhaseDeps):
     """Runs the ``in_progress`` phase of one batch per call."""
 
-    def __init__(
-        self,
-        kube: Kube,
-        store: ObjectStore,
-        config: OperatorConfig,
-        pool_of: Callable[[str | None], Any],
-    ) -> None:
-        self.kube = kube
-        self.store = store
-        self.config = config
-        self.pool_of = pool_of
-        self._last_progress: dict[str, float] = {}
+    _last_progress: dict[str, float] = field(default_factory=dict, init=False)
 
     def forget(self, uid: str) -> None:
         self._last_progress.pop(uid, None)
