@@ -1,0 +1,26 @@
+# The fault-injection suite (tests/faults, docs/reliability.md): Toxiproxy, built from its pinned
+# Go module (hack/toxiproxy/go.mod) into .cache/bin like the control plane, sits between the
+# components and the S3 server; the suite injects store faults and kills components mid-batch
+# and checks the invariants after every iteration.
+#   make toxiproxy   .cache/bin/toxiproxy-server
+#   make faults      the fault suite with its default (short) sweep, as `make test` runs it
+#   make soak        the long sweep: LLMBATCH_FAULT_ITERATIONS (default 200) iterations
+TOXIPROXY_DIR := hack/toxiproxy
+TOXIPROXY_BIN := $(CACHE)/bin/toxiproxy-server
+SOAK_ITERATIONS ?= 200
+
+.PHONY: toxiproxy faults soak
+toxiproxy: $(TOXIPROXY_BIN)
+
+$(TOXIPROXY_BIN): $(TOXIPROXY_DIR)/go.mod $(TOXIPROXY_DIR)/go.sum
+	@mkdir -p $(@D)
+	cd $(TOXIPROXY_DIR) && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o $@ \
+		github.com/Shopify/toxiproxy/v2/cmd/server
+
+TEST_PREREQS += toxiproxy
+
+faults: $(TEST_PREREQS)
+	$(BIN)/pytest tests/faults $(PYTEST_ARGS)
+
+soak: $(TEST_PREREQS)
+	LLMBATCH_FAULT_ITERATIONS=$(SOAK_ITERATIONS) $(BIN)/pytest tests/faults -x $(PYTEST_ARGS)
