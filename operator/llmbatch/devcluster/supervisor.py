@@ -178,6 +178,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         # Import the (slow to import) Kubernetes client while the control plane boots.
         self.controlplane.launch()
+        self._status("starting")  # with the control plane's pid
         from llmbatch.devcluster.kubeclient import api_client
 
         await loop.run_in_executor(None, self.controlplane.wait_ready, self.cfg.start_timeout)
