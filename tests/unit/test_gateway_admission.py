@@ -88,6 +88,11 @@ def batches(gw: FakeGateway) -> list[dict[str, Any]]:
 
 def test_upload_records_what_the_estimate_needs(fake_gateway: FakeGateway) -> None:
     key = fake_gateway.key(NS)
+    # only a private pool may take rows without an output-token limit (seed 000)
+    add_pool(
+        fake_gateway,
+        {"billing": {"mode": "GPUTime"}, "limits": {"requireOutputTokenLimit": False}},
+    )
     unlimited = {**rows(1, max_tokens=None)[0], "custom_id": "no-limit"}
     file_id = upload(fake_gateway, key, jsonl([*rows(3), unlimited]))
     spec = fake_gateway.kube.objects[("batchfiles", NS, file_id)]["spec"]

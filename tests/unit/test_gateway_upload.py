@@ -15,7 +15,12 @@ from tests.fixtures.gateway import FakeGateway, auth
 
 
 def _line(i: int, url: str = "/v1/chat/completions") -> bytes:
-    row = {"custom_id": f"r{i}", "method": "POST", "url": url, "body": {"model": "m"}}
+    row = {
+        "custom_id": f"r{i}",
+        "method": "POST",
+        "url": url,
+        "body": {"model": "m", "max_tokens": 8},
+    }
     return json.dumps(row).encode() + b"\n"
 
 
@@ -339,3 +344,83 @@ def test_a_create_body_over_the_cap_is_413(fake_gateway: FakeGateway) -> None:
         assert error["code"] == "request_too_large"
         assert str(MAX_CREATE_BODY_BYTES) in error["message"]
     assert not [k for k in fake_gateway.kube.objects if k[0] == "batches"]
+
+
+# --- seed 000: an output-token limit on every row, as the model's pool asks ----------------------
+
+
+def _bare(i: int, model: str) -> bytes:
+    row = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions"}
+    return json.dumps({**row, "body": {"model": model}}).encode() + b"\n"
+
+
+def test_the_first_lines_model_decides_whether_rows_need_a_limit() -> None:
+    asked: list[str | None] = []
+
+    def requires(model: str | None) -> bool:
+        asked.append(model)
+        return model != "private"
+
+    relaxed = UploadChecker(ValidationLimits(), requires)
+    relaxed.feed(b"\n" + _bare(1, "private") + _bare(2, "private"))
+    assert relaxed.finish().requests_without_output_limit == 2
+    strict = UploadChecker(ValidationLimits(), requires)
+    with pytest.raises(BadLine) as err:
+        strict.feed(_line(1) + _bare(2, "m"))
+    assert (err.value.problem.code, err.value.problem.line) == ("missing_output_token_limit", 2)
+    assert asked == ["private", "m"]
+
+
+def test_output_limit_required_follows_the_pool() -> None:
+    from llmbatch.gateway.admission import output_limit_required
+
+    def pool(name: str, **spec: Any) -> dict[str, Any]:
+        models = [{"name": name, "source": "/m"}]
+        return {"metadata": {"name": f"pool-{name}"}, "spec": {"models": models, **spec}}
+
+    relaxed = {"requireOutputTokenLimit": False}
+    pools = [
+        pool("catalog"),
+        pool("private", billing={"mode": "GPUTime"}, limits=relaxed),
+        pool("strict-private", billing={"mode": "GPUTime"}),
+        pool("catalog-relaxed", limits=relaxed),  # the CRD refuses it; a Tokens pool requires
+    ]
+    assert output_limit_required(pools, "catalog")
+    assert not output_limit_required(pools, "private")
+    assert output_limit_required(pools, "strict-private")
+    assert output_limit_required(pools, "catalog-relaxed")
+    assert output_limit_required(pools, "unknown")
+    assert output_limit_required(pools, None)
+
+
+# --- expires_after ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "3599"}, "seconds"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"}, "seconds"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "1h"}, "seconds"),
+        ({"expires_after[anchor]": "last_active_at", "expires_after[seconds]": "3600"}, "anchor"),
+        ({"expires_after[seconds]": "3600"}, "anchor"),
+        ({"expires_after[anchor]": "created_at"}, "seconds"),
+        ({"expires_after[days]": "1", "expires_after[anchor]": "created_at"}, "days"),
+    ],
+)
+def test_expires_after_is_checked_naming_the_param(fields: dict[str, str], param: str) -> None:
+    from llmbatch.gateway.errors import APIError
+    from llmbatch.gateway.uploadcheck import expires_after_seconds
+
+    with pytest.raises(APIError) as err:
+        expires_after_seconds(fields)
+    assert (err.value.status, err.value.param) == (400, f"expires_after.{param}")
+
+
+def test_expires_after_bounds_are_inclusive() -> None:
+    from llmbatch.gateway.uploadcheck import expires_after_seconds
+
+    anchor = {"expires_after[anchor]": "created_at", "purpose": "batch"}
+    assert expires_after_seconds({"purpose": "batch"}) is None
+    for seconds in (3600, 2592000):
+        assert expires_after_seconds({**anchor, "expires_after[seconds]": str(seconds)}) == seconds

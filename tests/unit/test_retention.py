@@ -369,3 +369,46 @@ def test_a_batch_name_without_the_prefix_does_not_stop_the_sweep() -> None:
         }
     )
     assert ref.batch_id == "my-job"
+
+
+# --- a lifetime the uploader chose (expires_after) ---------------------------------------------
+
+
+def asked(lifetime: int, **kwargs: Any) -> StoredFile:
+    f = stored(expires=T0 + lifetime, **kwargs)
+    return StoredFile(**{**f.__dict__, "requested_lifetime": lifetime})
+
+
+def test_expires_after_replaces_the_24h_default_longer_or_shorter() -> None:
+    short = asked(HOUR)
+    assert not due_at(short, [], T0 + HOUR - 1)
+    assert due_at(short, [], T0 + HOUR)
+    long = asked(3 * DAY)
+    assert not due_at(long, [], T0 + 3 * DAY - 1)
+    assert due_at(long, [], T0 + 3 * DAY)
+    decision = decide_file(long, [], DEFAULT, {}, T0)
+    assert decision is not None
+    assert (decision.rule, decision.expires_at) == ("unused_input", T0 + 3 * DAY)
+    assert not decision.status_stale  # spec.expiresAt already shows it
+
+
+def test_expires_after_is_read_from_the_batchfile() -> None:
+    obj = {
+        "metadata": {"name": "file-a", "namespace": NS, "uid": "u"},
+        "spec": {"purpose": "batch", "createdAt": T0, "expiresAt": T0 + 7200},
+    }
+    assert StoredFile.from_object(obj).requested_lifetime is None
+    obj["spec"]["expiresAfterSeconds"] = 7200
+    assert StoredFile.from_object(obj).asked_expiry == T0 + 7200
+
+
+def test_expires_after_never_deletes_an_input_in_use_and_caps_the_grace_after() -> None:
+    f = asked(2 * HOUR)
+    running = batch(accepted=T0 + 60)
+    assert not due_at(f, [running], T0 + 3 * HOUR)
+    done = batch(phase="completed", accepted=T0 + 60, finished=T0 + 3 * HOUR)
+    assert due_at(f, [done], T0 + 3 * HOUR + SETTLE_SECONDS)
+    grace = PoolRetention(input_after_batch_seconds=DAY)
+    early = batch(phase="completed", accepted=T0 + 60, finished=T0 + HOUR)
+    assert not due_at(f, [early], T0 + 2 * HOUR - 1, **{"pool-a": grace})
+    assert due_at(f, [early], T0 + 2 * HOUR, **{"pool-a": grace})  # not the pool's 24 h grace

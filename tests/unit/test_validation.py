@@ -19,6 +19,7 @@ from llmbatch.core.validation import (
 )
 
 CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
 
 
 def line(custom_id: str = "r1", **overrides: Any) -> dict[str, Any]:
@@ -274,3 +275,29 @@ def test_iter_lines_numbers_lines_and_strips_bom_and_cr() -> None:
     pieces = [data[i : i + 2] for i in range(0, len(data), 2)]
     assert list(iter_lines(pieces)) == [(1, b"a"), (3, b"b"), (5, b"c")]
     assert list(iter_lines([b"x\ny\n"], first_line=10)) == [(10, b"x"), (11, b"y")]
+
+
+def test_completions_are_bounded_by_max_tokens_only() -> None:
+    """/v1/completions has no max_completion_tokens (vLLM would stop at its own 16 tokens)."""
+
+    def completion(custom_id: str, **limit: int) -> dict[str, Any]:
+        body = {"model": "m", "prompt": "hi", **limit}
+        return {"custom_id": custom_id, "method": "POST", "url": COMPLETIONS, "body": body}
+
+    data = jsonl(completion("a", max_tokens=5), completion("b", max_completion_tokens=7))
+    loose = run(data, endpoint=COMPLETIONS)
+    assert loose.ok
+    assert (loose.declared_output_tokens, loose.requests_without_output_limit) == (5, 1)
+    strict = run(data, endpoint=COMPLETIONS, require_output_token_limit=True)
+    assert codes(strict) == [("missing_output_token_limit", 2)]
+    assert strict.errors[0].param == "body.max_tokens"
+    assert "max_tokens" in strict.errors[0].message
+    assert "max_completion_tokens" not in strict.errors[0].message
+
+
+def test_pools_require_an_output_token_limit_by_default() -> None:
+    """Seed 000: every row needs an output-token limit unless a private pool relaxes it."""
+    from llmbatch.api.resources import BatchPoolSpec
+
+    spec = BatchPoolSpec.model_validate({"models": [{"name": "m", "source": "/m"}]})
+    assert spec.limits.require_output_token_limit is True

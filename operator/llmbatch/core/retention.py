@@ -4,7 +4,9 @@ Pure: the operator's sweep lists BatchFiles, Batches and pool settings, hands th
 clock, and gets back what to delete and which expiry to show. The rules (docs/operations.md):
 
 - an input no batch has accepted expires ``unused_input_seconds`` after upload (24 h), or earlier
-  when the file itself asks for less (``spec.expiresAt``);
+  when the file itself asks for less (``spec.expiresAt``); a lifetime the uploader chose
+  (OpenAI's ``expires_after``, ``spec.expiresAfterSeconds``: 1 h to 30 days) replaces the default,
+  longer or shorter, and also caps how long an accepted input is kept after its batches;
 - an accepted input (a batch referencing it passed validation) is deleted once every batch using
   it has finished, ``input_after_batch_seconds`` later (0), and at most ``accepted_input_seconds``
   after the first acceptance (48 h);
@@ -124,6 +126,15 @@ class StoredFile:
     """``status.expiresAt``: what the operator last published."""
     used_by: tuple[str, ...]
     """``status.usedBy`` as last published."""
+    requested_lifetime: int | None = None
+    """``spec.expiresAfterSeconds``: the lifetime from ``created_at`` the uploader asked for."""
+
+    @property
+    def asked_expiry(self) -> int | None:
+        """When the uploader asked the file to expire (None: it did not choose)."""
+        if self.requested_lifetime is None:
+            return None
+        return self.created_at + self.requested_lifetime
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> StoredFile:
@@ -142,6 +153,7 @@ class StoredFile:
             requested_expires_at=_int(spec.get("expiresAt")),
             shown_expires_at=_int(status.get("expiresAt")),
             used_by=tuple(str(b) for b in used_by) if isinstance(used_by, list) else (),
+            requested_lifetime=_int(spec.get("expiresAfterSeconds")),
         )
 
 
@@ -261,12 +273,16 @@ def decide_file(
         )
         if accepted:
             rule = "accepted_input"
-            expires = _accepted_input_expiry(accepted, default, policies)
+            expires = _accepted_input_expiry(accepted, default, policies, file.asked_expiry)
         else:
             rule = "unused_input"
-            expires = file.created_at + default.unused_input_seconds
-            if file.requested_expires_at is not None:
-                expires = min(expires, file.requested_expires_at)
+            asked = file.asked_expiry
+            if asked is not None:
+                expires = asked  # the uploader's choice, longer or shorter than the default
+            else:
+                expires = file.created_at + default.unused_input_seconds
+                if file.requested_expires_at is not None:
+                    expires = min(expires, file.requested_expires_at)
     else:
         return None
     due = not in_use and now >= expires
@@ -274,7 +290,10 @@ def decide_file(
 
 
 def _accepted_input_expiry(
-    accepted: Sequence[BatchRef], default: RetentionPolicy, policies: PolicyOf
+    accepted: Sequence[BatchRef],
+    default: RetentionPolicy,
+    policies: PolicyOf,
+    asked: int | None,
 ) -> int:
     first = accepted[0]
     first_policy = _policy(policies, default, first.pool)
@@ -288,7 +307,8 @@ def _accepted_input_expiry(
     last = max(accepted, key=lambda r: r.finished_at or r.accepted_at or 0)
     last_end = last.finished_at or last.accepted_at or 0
     after = last_end + _policy(policies, default, last.pool).input_after_batch_seconds
-    return max(min(bound, after), last_end + SETTLE_SECONDS)
+    due = min(bound, after) if asked is None else min(bound, after, asked)
+    return max(due, last_end + SETTLE_SECONDS)
 
 
 def work_area_due(batch: BatchRef, now: float) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 from llmbatch.api.openai import TERMINAL_STATUSES
 from llmbatch.api.resources import BatchPoolSpec, CreditReservation, PoolBilling, Pricing, Tier
-from llmbatch.core.admission import Refusal, check_batch_size, check_tenant_queue
+from llmbatch.core.admission import Refusal, check_batch_size, check_tenant_queue, choose_pool
 from llmbatch.core.billing import (
     BatchSize,
     Estimate,
@@ -37,6 +37,20 @@ class PoolPlan:
     """None: no pool serves the model (validation will fail the batch); only tenant limits."""
     status: dict[str, Any] | None = None
     pricing: Pricing | None = None
+
+
+def output_limit_required(pools: list[dict[str, Any]], model: str | None) -> bool:
+    """Whether every row of an upload for ``model`` must bound its output tokens (seed 000).
+
+    The pool the operator will pick decides: a Tokens (catalog) pool always requires it, a
+    GPUTime (private) pool unless its ``limits.requireOutputTokenLimit`` is false. A model no
+    pool serves keeps the default (its batch fails validation anyway).
+    """
+    pool_obj = choose_pool(pools, model)
+    if pool_obj is None:
+        return True
+    pool = BatchPoolSpec.model_validate(pool_obj.get("spec") or {})
+    return pool.billing.mode == "Tokens" or pool.limits.require_output_token_limit
 
 
 def plan_admission(

@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import queue
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +27,20 @@ from starlette.requests import ClientDisconnect, Request
 
 from llmbatch.core.validation import ValidationLimits, ValidationResult
 from llmbatch.gateway.errors import APIError
-from llmbatch.gateway.uploadcheck import DEFAULT_ENDPOINT, BadLine, UploadChecker, bad_line_error
+from llmbatch.gateway.uploadcheck import (
+    DEFAULT_ENDPOINT,
+    BadLine,
+    UploadChecker,
+    bad_line_error,
+    expires_after_problem,
+    expires_after_seconds,
+)
 from llmbatch.storage import ObjectInfo, ObjectStore
 
 HANDOFF_BYTES = 1 << 20
 PIPE_DEPTH = 4
 MAX_FIELD_BYTES = 4096
-MAX_FIELDS = 16  # form fields kept (only 'purpose' is read); more parts are ignored
+MAX_FIELDS = 16  # form fields kept (only 'purpose' and expires_after are read); more are ignored
 MAX_PART_HEADERS = 8
 MAX_PART_HEADER_BYTES = 4096 + 128  # one header line; filenames are cut to 512 characters anyway
 MULTIPART_OVERHEAD = 64 * 1024
@@ -103,17 +110,28 @@ class _Pipe:
 class MultipartUpload:
     """Reads one multipart upload request; see the module docstring."""
 
-    def __init__(self, request: Request, store: ObjectStore, key: str, max_bytes: int) -> None:
+    def __init__(
+        self,
+        request: Request,
+        store: ObjectStore,
+        key: str,
+        max_bytes: int,
+        requires_output_limit: Callable[[str | None], bool] | None = None,
+    ) -> None:
         self.request = request
         self.store = store
         self.key = key
         self.max_bytes = max_bytes
         self.fields: dict[str, str] = {}
         self.filename: str | None = None
+        self.expires_after: int | None = None
+        """The lifetime the form's expires_after asks for (set once the body is complete)."""
         self.file_bytes = 0
         self.file_parts = 0
         self._pipe: _Pipe | None = None
-        self._checker = UploadChecker(ValidationLimits(max_bytes=max_bytes, max_requests=50_000))
+        self._checker = UploadChecker(
+            ValidationLimits(max_bytes=max_bytes, max_requests=50_000), requires_output_limit
+        )
         self._pending = bytearray()
         self._part: str | None = None  # "file", a field name, or "" (ignored)
         self._field = bytearray()
@@ -180,6 +198,10 @@ class MultipartUpload:
         if self._part and self._part != "file":
             value = self._field.decode("utf-8", "replace")
             self.fields.setdefault(self._part, value)
+            if self._part.startswith("expires_after"):
+                problem = expires_after_problem(self._part, value)
+                if problem is not None:
+                    self._fail(problem)
             if self._part == "purpose" and value != "batch":
                 self._fail(
                     APIError(
@@ -344,6 +366,8 @@ class MultipartUpload:
             raise _malformed(exc) from exc
         if self._error is not None:
             raise self._error
+        # Both parts or neither, checked before the store publishes anything.
+        self.expires_after = expires_after_seconds(self.fields)
         if not self._complete:
             # python_multipart does not check this: a body cut short (at a line boundary, say)
             # would otherwise be stored as a complete, shorter file.

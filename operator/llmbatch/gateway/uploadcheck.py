@@ -1,12 +1,16 @@
 """Validation of an upload whose endpoint is named by its first non-blank line.
 
-``UploadChecker`` settles the endpoint from the first line, then validates every line with
+``UploadChecker`` settles the endpoint (and whether rows need an output-token limit, from the
+first line's model) from the first line, then validates every line with
 ``llmbatch.core.validation`` and stops at the first problem (:class:`BadLine`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import orjson
 
@@ -56,8 +60,15 @@ class UploadChecker:
     held (at most ``max_line_bytes``), so a head of blank lines costs linear time and no memory.
     """
 
-    def __init__(self, limits: ValidationLimits) -> None:
+    def __init__(
+        self,
+        limits: ValidationLimits,
+        requires_output_limit: Callable[[str | None], bool] | None = None,
+    ) -> None:
         self.limits = limits
+        self.requires_output_limit = requires_output_limit
+        """Whether the pool serving a model wants every row to bound its output (seed 000);
+        asked once, with the first line's model (None when it names none)."""
         self.endpoint: str | None = None
         self.scanned = 0
         """Bytes the endpoint sniff has looked at: at most twice the head, whatever its pieces."""
@@ -78,9 +89,10 @@ class UploadChecker:
     def finish(self) -> ValidationResult:
         if self.endpoint is None:
             endpoint = DEFAULT_ENDPOINT
+            model = None
             if self._visible:  # a first line without a final newline
-                endpoint = self._endpoint_of(bytes(self._held), self._lines + 1)
-            self._settle(endpoint)
+                endpoint, model = self._first_line(bytes(self._held), self._lines + 1)
+            self._settle(endpoint, model)
         return self._validator.finish()
 
     def _skip_blank_lines(self, chunk: bytes) -> None:
@@ -120,31 +132,38 @@ class UploadChecker:
             return
         line = bytes(self._held) + data[:cut]
         self._held += data
-        self._settle(self._endpoint_of(line, self._lines + 1))
+        self._settle(*self._first_line(line, self._lines + 1))
 
     def _hold(self, data: bytes) -> None:
         self._held += data
         if len(self._held) > self.limits.max_line_bytes:
             self._settle(DEFAULT_ENDPOINT)  # the validator reports the long line
 
-    def _settle(self, endpoint: str) -> None:
+    def _settle(self, endpoint: str, model: str | None = None) -> None:
         self.endpoint = self._validator.endpoint = endpoint
+        if self.requires_output_limit is not None:
+            required = self.requires_output_limit(model)
+            self._validator.limits = replace(self.limits, require_output_token_limit=required)
         held, self._held = bytes(self._held), bytearray()
         if held:
             self._validator.feed(held)
 
     @staticmethod
-    def _endpoint_of(line: bytes, line_no: int) -> str:
+    def _first_line(line: bytes, line_no: int) -> tuple[str, str | None]:
+        """The endpoint and the model the first non-blank line names."""
         if line_no == 1 and line.startswith(UTF8_BOM):
             line = line[len(UTF8_BOM) :]
         raw = line.strip()
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return DEFAULT_ENDPOINT  # the validator reports the JSON problem
-        url = obj.get("url") if isinstance(obj, dict) else None
+            return DEFAULT_ENDPOINT, None  # the validator reports the JSON problem
+        if not isinstance(obj, dict):
+            return DEFAULT_ENDPOINT, None
+        model = _model_of(obj)
+        url = obj.get("url")
         if not isinstance(url, str):
-            return DEFAULT_ENDPOINT
+            return DEFAULT_ENDPOINT, model
         endpoint = normalize_endpoint(url)
         if endpoint is None:
             raise BadLine(
@@ -156,4 +175,66 @@ class UploadChecker:
                     "url",
                 )
             )
-        return endpoint
+        return endpoint, model
+
+
+def _model_of(obj: dict[str, Any]) -> str | None:
+    body = obj.get("body")
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+# --- expires_after ------------------------------------------------------------------------------
+
+EXPIRES_ANCHOR_FIELD = "expires_after[anchor]"
+EXPIRES_SECONDS_FIELD = "expires_after[seconds]"
+"""The form fields the openai SDK sends for ``files.create(expires_after={...})``."""
+MIN_EXPIRES_SECONDS = 3600
+MAX_EXPIRES_SECONDS = 2_592_000
+
+
+def expires_after_problem(name: str, value: str) -> APIError | None:
+    """One ``expires_after[...]`` form field on its own: an anchor, a number of seconds."""
+    if name == EXPIRES_ANCHOR_FIELD:
+        if value != "created_at":
+            return _expires_error(
+                "anchor",
+                f"Invalid value for 'expires_after.anchor': {value[:64]!r}. "
+                "Supported value: 'created_at'.",
+            )
+        return None
+    if name == EXPIRES_SECONDS_FIELD:
+        seconds = int(value) if value.strip().isdigit() else None
+        if seconds is None or not MIN_EXPIRES_SECONDS <= seconds <= MAX_EXPIRES_SECONDS:
+            return _expires_error(
+                "seconds",
+                f"Invalid value for 'expires_after.seconds': {value[:64]!r}. Expected an integer "
+                f"between {MIN_EXPIRES_SECONDS} and {MAX_EXPIRES_SECONDS} (1 hour to 30 days).",
+            )
+        return None
+    return _expires_error(
+        name.removeprefix("expires_after[").removesuffix("]")[:64],
+        f"Unknown parameter: {name[:80]!r}. expires_after takes 'anchor' and 'seconds'.",
+        code="unknown_parameter",
+    )
+
+
+def expires_after_seconds(fields: dict[str, str]) -> int | None:
+    """The lifetime an upload asks for (None: the default); raises :class:`APIError` (400)."""
+    given = {k: v for k, v in fields.items() if k.startswith("expires_after")}
+    if not given:
+        return None
+    for name, value in given.items():
+        problem = expires_after_problem(name, value)
+        if problem is not None:
+            raise problem
+    for part, field in (("anchor", EXPIRES_ANCHOR_FIELD), ("seconds", EXPIRES_SECONDS_FIELD)):
+        if field not in given:
+            raise _expires_error(
+                part, f"Missing required parameter: 'expires_after.{part}'.", code="missing"
+            )
+    return int(given[EXPIRES_SECONDS_FIELD])
+
+
+def _expires_error(part: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=f"expires_after.{part}", code=code)

@@ -37,6 +37,9 @@ class BatchFileSpec(CRModel):
     """Unix seconds: upload or creation."""
     expires_at: int | None = None
     """Unix seconds: expiry set at creation; an input may ask for less than the 24 h default."""
+    expires_after_seconds: Annotated[int, Field(ge=3600, le=2592000)] | None = None
+    """Lifetime the uploader asked for (OpenAI expires_after, anchor created_at): an unused input
+    then expires this long after createdAt instead of after the 24 h default."""
 
 
 class BatchFileStatus(CRModel):

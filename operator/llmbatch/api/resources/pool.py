@@ -118,8 +118,9 @@ class PoolLimits(CRModel):
     """Largest input file in bytes (default 256 MiB)."""
     max_line_bytes: Annotated[int, Field(ge=1024, le=67108864)] = 8388608
     """Largest input line in bytes."""
-    require_output_token_limit: bool = False
-    """Every request must set max_tokens or max_completion_tokens."""
+    require_output_token_limit: bool = True
+    """Every request must set an output-token limit (chat: max_completion_tokens or max_tokens,
+    completions: max_tokens), as seed 000 asks; only a GPUTime pool may set false."""
     max_queued_requests: Annotated[int, Field(ge=1)] | None = None
     """Most requests waiting in the pool's queue before new batches are refused (429)."""
 

@@ -97,6 +97,20 @@ RESOURCES: tuple[ResourceKind, ...] = (
             {"name": "Flex", "type": "integer", "jsonPath": ".status.queueDepth.flex"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
+        rules=[
+            {
+                "rule": (
+                    "!has(self.spec.limits) || !has(self.spec.limits.requireOutputTokenLimit)"
+                    " || self.spec.limits.requireOutputTokenLimit"
+                    " || (has(self.spec.billing) && has(self.spec.billing.mode)"
+                    " && self.spec.billing.mode == 'GPUTime')"
+                ),
+                "message": (
+                    "limits.requireOutputTokenLimit may be false only on a GPUTime pool: a Tokens "
+                    "(catalog) pool bills output tokens, so every request must bound them"
+                ),
+            }
+        ],
     ),
     ResourceKind(
         kind="CreditAccount",

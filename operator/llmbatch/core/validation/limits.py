@@ -6,7 +6,13 @@ from dataclasses import dataclass
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 OUTPUT_TOKEN_FIELDS: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
-GENERATIVE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+OUTPUT_TOKEN_FIELDS_OF: dict[str, tuple[str, ...]] = {
+    "/v1/chat/completions": OUTPUT_TOKEN_FIELDS,
+    "/v1/completions": ("max_tokens",),
+}
+"""The body fields that bound a request's output tokens, per endpoint (completions has no
+max_completion_tokens: vLLM would ignore it and stop at its own 16-token default)."""
+GENERATIVE_ENDPOINTS = frozenset(OUTPUT_TOKEN_FIELDS_OF)
 """Endpoints whose requests generate tokens, so an output-token limit means something."""
 
 

@@ -7,12 +7,13 @@ from typing import Any
 from llmbatch.core.validation.errors import NUMBER_MESSAGE, ErrorCode, InvalidLine
 from llmbatch.core.validation.limits import (
     GENERATIVE_ENDPOINTS,
-    OUTPUT_TOKEN_FIELDS,
+    OUTPUT_TOKEN_FIELDS_OF,
     ValidationLimits,
     normalize_endpoint,
 )
 
 _NUMBER_LIMIT = float(2**63)
+_COMPLETIONS = "/v1/completions"
 
 
 def _scan_structure(value: Any, max_depth: int) -> ErrorCode | None:
@@ -79,7 +80,7 @@ def check_request(
         if type(fast_model) is str and fast_model and body.get("stream") is not True:
             if endpoint not in GENERATIVE_ENDPOINTS:
                 return [], fast_model, 0
-            limit = body.get("max_completion_tokens")
+            limit = None if endpoint == _COMPLETIONS else body.get("max_completion_tokens")
             if limit is None:
                 limit = body.get("max_tokens")
             if type(limit) is int and limit > 0 and body.get("max_tokens") in (None, limit):
@@ -147,21 +148,22 @@ def _body_problems(
         problems.append(InvalidLine(ErrorCode.STREAM_NOT_SUPPORTED, msg, line, "body.stream"))
     output_tokens = 0
     if endpoint in GENERATIVE_ENDPOINTS:
-        limit_problems, output_tokens = _output_limit_problems(body, limits, line)
+        limit_problems, output_tokens = _output_limit_problems(body, endpoint, limits, line)
         problems += limit_problems
     return problems, model, output_tokens
 
 
 def _output_limit_problems(
-    body: dict[str, Any], limits: ValidationLimits, line: int | None
+    body: dict[str, Any], endpoint: str, limits: ValidationLimits, line: int | None
 ) -> tuple[list[InvalidLine], int]:
-    """max_completion_tokens / max_tokens: positive integers, one required when the pool says so.
+    """The endpoint's output-token fields: positive integers, one required when the pool says so.
 
     Returns the problems and the largest limit declared (0 when none is usable).
     """
     problems: list[InvalidLine] = []
     output_tokens = 0
-    present = [f for f in OUTPUT_TOKEN_FIELDS if body.get(f) is not None]
+    fields = OUTPUT_TOKEN_FIELDS_OF[endpoint]
+    present = [f for f in fields if body.get(f) is not None]
     for name in present:
         value = body[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -172,10 +174,8 @@ def _output_limit_problems(
         else:
             output_tokens = max(output_tokens, value)
     if not present and limits.require_output_token_limit:
-        msg = "Every request needs an output-token limit (max_completion_tokens or max_tokens)."
+        msg = f"Every request needs an output-token limit ({' or '.join(fields)})."
         problems.append(
-            InvalidLine(
-                ErrorCode.MISSING_OUTPUT_TOKEN_LIMIT, msg, line, "body.max_completion_tokens"
-            )
+            InvalidLine(ErrorCode.MISSING_OUTPUT_TOKEN_LIMIT, msg, line, f"body.{fields[0]}")
         )
     return problems, output_tokens

@@ -16,12 +16,14 @@ from llmbatch.api.openai import FileDeleted, FileObject, ListPage
 from llmbatch.api.resources import API_VERSION
 from llmbatch.core import keys
 from llmbatch.gateway import metrics
+from llmbatch.gateway.admission import output_limit_required
 from llmbatch.gateway.deps import GW, Gateway, Reader, Writer
 from llmbatch.gateway.errors import APIError, not_found, store_unavailable
 from llmbatch.gateway.mapping import (
     ANNOTATION_CREATED_NS,
     ANNOTATION_ENDPOINT,
     FILE_ID,
+    INPUT_FILE_TTL,
     CursorNotFound,
     file_sort_key,
     file_to_openai,
@@ -30,6 +32,7 @@ from llmbatch.gateway.mapping import (
 )
 from llmbatch.gateway.responses import ERROR_RESPONSES, json_response
 from llmbatch.gateway.upload import MultipartUpload, StoredUpload
+from llmbatch.gateway.uploadcheck import MAX_EXPIRES_SECONDS, MIN_EXPIRES_SECONDS
 from llmbatch.storage import ObjectNotFound, StoreError
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,12 @@ _UPLOAD_SCHEMA = {
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
                         "purpose": {"type": "string", "enum": ["batch"]},
+                        "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+                        "expires_after[seconds]": {
+                            "type": "integer",
+                            "minimum": MIN_EXPIRES_SECONDS,
+                            "maximum": MAX_EXPIRES_SECONDS,
+                        },
                     },
                 }
             }
@@ -60,17 +69,30 @@ _UPLOAD_SCHEMA = {
 
 @router.post("/files", response_model=FileObject, openapi_extra=_UPLOAD_SCHEMA)
 async def create_file(request: Request, who: Writer, gw: GW) -> Response:
-    """Upload a batch input file (multipart ``file``, ``purpose=batch``), checked as it streams."""
+    """Upload a batch input file (multipart ``file``, ``purpose=batch``), checked as it streams.
+
+    Optional ``expires_after[anchor]=created_at`` and ``expires_after[seconds]`` (as the openai
+    SDK sends ``expires_after``) set the file's lifetime; the default is 24 h.
+    """
     file_id = keys.new_file_id()
     key = keys.file_key(who.namespace, file_id)
-    upload = MultipartUpload(request, gw.store, key, gw.settings.max_upload_bytes)
+    pools = await gw.kube.list_pools()
+    upload = MultipartUpload(
+        request,
+        gw.store,
+        key,
+        gw.settings.max_upload_bytes,
+        lambda model: output_limit_required(pools, model),
+    )
     stored = await _store(upload)
     try:
         if "purpose" not in upload.fields:
             raise APIError(
                 400, "Missing required parameter: 'purpose'.", param="purpose", code="missing"
             )
-        manifest = batchfile_manifest(who.namespace, file_id, key, stored, upload.filename)
+        manifest = batchfile_manifest(
+            who.namespace, file_id, key, stored, upload.filename, upload.expires_after
+        )
         obj = await gw.kube.create("batchfiles", who.namespace, manifest)
     except BaseException:
         with contextlib.suppress(Exception):
@@ -97,9 +119,17 @@ async def _store(upload: MultipartUpload) -> StoredUpload:
 
 
 def batchfile_manifest(
-    namespace: str, file_id: str, key: str, stored: StoredUpload, filename: str | None
+    namespace: str,
+    file_id: str,
+    key: str,
+    stored: StoredUpload,
+    filename: str | None,
+    expires_after: int | None = None,
 ) -> dict[str, Any]:
-    """The BatchFile of a validated upload: what the estimate and the operator need of it."""
+    """The BatchFile of a validated upload: what the estimate and the operator need of it.
+
+    ``expires_after`` (seconds, already checked) replaces the 24 h default lifetime.
+    """
     now_ns = time.time_ns()
     created = now_ns // 1_000_000_000
     result = stored.result
@@ -114,8 +144,10 @@ def batchfile_manifest(
         "requestsWithoutOutputLimit": result.requests_without_output_limit,
         "storageKey": key,
         "createdAt": created,
-        "expiresAt": created + 86400,
+        "expiresAt": created + (expires_after or INPUT_FILE_TTL),
     }
+    if expires_after is not None:
+        spec["expiresAfterSeconds"] = expires_after
     # Longer than BatchFile.spec.model allows, it names no pool anyway: left off, the batch is
     # estimated as one without a pool and validation fails it (model_not_found).
     if result.model and len(result.model) <= MAX_RECORDED_MODEL:
