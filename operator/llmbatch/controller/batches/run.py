@@ -14,7 +14,7 @@ from llmbatch.api.resources import BatchPoolSpec, Phase, RequestCounts, ShardSta
 from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.batches.deps import PhaseDeps
-from llmbatch.controller.batches.jobstate import observe_job
+from llmbatch.controller.batches.jobstate import needs_pods, observe_job
 from llmbatch.controller.batches.step import BatchView, Step, set_condition, transition
 from llmbatch.controller.jobs import LABEL_BATCH_UID, build_shard_job
 from llmbatch.core import keys, tiers
@@ -56,8 +56,9 @@ class ShardRuns(PhaseDeps):
             job["metadata"]["name"]: job
             for job in await self.kube.list_jobs(pool.worker_namespace, selector)
         }
+        pods = await self._pods_to_read(pool.worker_namespace, selector, shards, jobs, batch.uid)
         for shard in shards:
-            await self._track(batch, step, now, pool_name, pool, shard, jobs)
+            await self._track(batch, step, now, pool_name, pool, shard, jobs, pods)
         if shards != batch.status.shards:
             step.set(shards=shards)
         if all(s.phase in FINISHED for s in shards):
@@ -82,6 +83,7 @@ class ShardRuns(PhaseDeps):
         pool: BatchPoolSpec,
         shard: ShardStatus,
         jobs: dict[str, dict[str, Any]],
+        pods: list[dict[str, Any]],
     ) -> None:
         """Create the shard's Job when it has none, then fold the Job's state into it."""
         job = jobs.get(shard_job_name(batch.uid, shard.index, shard.reruns))
@@ -91,7 +93,7 @@ class ShardRuns(PhaseDeps):
         if job is None:
             return
         before = shard.phase
-        observe_job(shard, job, pool_name, now)
+        observe_job(shard, job, pods, pool_name, now)
         if shard.phase == "Succeeded" and before != "Succeeded":
             await self._check_covered(batch, step, shard, pool.worker_namespace)
         if shard.phase == "Failed" and before != "Failed":
@@ -102,6 +104,22 @@ class ShardRuns(PhaseDeps):
                 f"error lines: {message}"[:1024],
                 warning=True,
             )
+
+    async def _pods_to_read(
+        self,
+        namespace: str,
+        selector: str,
+        shards: list[ShardStatus],
+        jobs: dict[str, dict[str, Any]],
+        uid: str,
+    ) -> list[dict[str, Any]]:
+        """The batch's pods, listed only when a Job's run start is not yet known (GPU time
+        starts when the executor runs, not when its pod waits for a node)."""
+        for shard in shards:
+            job = jobs.get(shard_job_name(uid, shard.index, shard.reruns))
+            if job is not None and needs_pods(shard, job):
+                return await self.kube.list_pods(namespace, selector)
+        return []
 
     async def _create_job(
         self, batch: BatchView, pool_name: str, pool: BatchPoolSpec, shard: ShardStatus
