@@ -438,6 +438,8 @@ _BAD_LINES: list[tuple[str, bytes]] = [
     ("mismatched_model", json.dumps(line(3, model="other")).encode() + b"\n"),
     ("stream_not_supported", _row(body={"model": "smollm2", "stream": True})),
     ("invalid_output_token_limit", _row(body={"model": "smollm2", "max_tokens": -1})),
+    # seed 000: no pool relaxes it for this model, so every row bounds its output
+    ("missing_output_token_limit", _row(body={"model": "smollm2", "messages": []})),
 ]
 
 
@@ -825,3 +827,124 @@ def test_keys_cli_create_list_revoke(
     assert f"{name}\t{namespace}\tinference:read" in cli("list")
     cli("revoke", name)
     wait_for_key(gateway_process.base_url, key, accepted=False, timeout=10)
+
+
+# --- issue #16: file expiry and the output-token limit of seed 000 ------------------------------
+
+
+def test_files_expires_after_sets_expires_at(
+    tenant: Tenant, gateway_process: GatewayProcess
+) -> None:
+    client = tenant.client()
+    data = jsonl([line(1)])
+    for seconds in (3600, 2592000):
+        f = client.files.create(
+            file=("r.jsonl", data),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": seconds},
+        )
+        assert f.expires_at == f.created_at + seconds
+        assert client.files.retrieve(f.id).expires_at == f.created_at + seconds
+        obj = json.loads(
+            gateway_process.kubectl(
+                "get", "batchfiles.llmbatch.io", f.id, "-n", tenant.namespace, "-o", "json"
+            )
+        )
+        assert obj["spec"]["expiresAfterSeconds"] == seconds
+    plain = client.files.create(file=("r.jsonl", data), purpose="batch")
+    assert plain.expires_at == plain.created_at + 86400  # seed 000's 24 h default
+
+
+@pytest.mark.parametrize(
+    ("expires_after", "param"),
+    [
+        ({"anchor": "created_at", "seconds": 3599}, "expires_after.seconds"),
+        ({"anchor": "created_at", "seconds": 2592001}, "expires_after.seconds"),
+        ({"anchor": "last_active_at", "seconds": 3600}, "expires_after.anchor"),
+    ],
+)
+def test_files_expires_after_out_of_range_is_400_and_stores_nothing(
+    tenant: Tenant, gateway_process: GatewayProcess, expires_after: Any, param: str
+) -> None:
+    client = tenant.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.files.create(
+            file=("r.jsonl", jsonl([line(1)])), purpose="batch", expires_after=expires_after
+        )
+    assert err.value.param == param
+    body = err.value.body
+    assert isinstance(body, dict)
+    assert set(body) == {"message", "type", "param", "code"}
+    assert client.files.list().data == []
+    assert not list(open_store(gateway_process.store_uri).list(f"files/{tenant.namespace}/"))
+
+
+def _pool(gw: GatewayProcess, model: str, **spec: Any) -> str:
+    name = f"pool-{uuid.uuid4().hex[:6]}"
+    manifest = {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "BatchPool",
+        "metadata": {"name": name},
+        "spec": {"models": [{"name": model, "source": "/models/x"}], **spec},
+    }
+    gw.kubectl("apply", "-f", "-", obj=manifest)
+    return name
+
+
+def test_rows_without_an_output_limit_are_400_unless_a_private_pool_relaxes_it(
+    tenant: Tenant, gateway_process: GatewayProcess
+) -> None:
+    """Seed 000: every row sets an output-token limit on a token-billed (catalog) pool; a
+    private (GPUTime) pool may relax it in its spec."""
+    catalog, private = (f"model-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    relaxed = {"requireOutputTokenLimit": False}
+    pools = [
+        _pool(gateway_process, catalog),
+        _pool(gateway_process, private, billing={"mode": "GPUTime"}, limits=relaxed),
+    ]
+    try:
+        client = tenant.client()
+        bare = line(2, model=catalog)
+        del bare["body"]["max_tokens"]
+        with pytest.raises(openai.BadRequestError) as err:
+            upload(client, jsonl([line(1, model=catalog), bare]))
+        assert err.value.code == "missing_output_token_limit"
+        assert "Line 2" in err.value.message
+        assert err.value.param == "body.max_completion_tokens"
+        # completions are bounded by max_tokens only
+        prompt = {"model": catalog, "prompt": "hi", "max_completion_tokens": 8}
+        completion = {"custom_id": "c", "method": "POST", "url": "/v1/completions"}
+        with pytest.raises(openai.BadRequestError) as err:
+            upload(client, jsonl([{**completion, "body": prompt}]))
+        assert (err.value.code, err.value.param) == (
+            "missing_output_token_limit",
+            "body.max_tokens",
+        )
+        assert client.files.list().data == []
+        # the private pool relaxed it: accepted, the rows without a limit recorded
+        rows = [line(1, model=private), line(2, model=private)]
+        for row in rows:
+            del row["body"]["max_tokens"]
+        file_id = upload(client, jsonl(rows))
+        obj = json.loads(
+            gateway_process.kubectl(
+                "get", "batchfiles.llmbatch.io", file_id, "-n", tenant.namespace, "-o", "json"
+            )
+        )
+        assert obj["spec"]["requestsWithoutOutputLimit"] == 2
+        # a catalog pool cannot relax it: the API server refuses the spec
+        refused = gateway_process.kubectl(
+            "patch",
+            "batchpool",
+            pools[0],
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"limits": relaxed}}),
+            check=False,
+        )
+        stored = json.loads(gateway_process.kubectl("get", "batchpool", pools[0], "-o", "json"))
+        limits = stored["spec"].get("limits") or {}
+        assert limits.get("requireOutputTokenLimit", True) is True, refused
+    finally:
+        for pool in pools:
+            gateway_process.kubectl("delete", "batchpool", pool, "--wait=false", check=False)
