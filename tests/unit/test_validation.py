@@ -301,3 +301,59 @@ def test_pools_require_an_output_token_limit_by_default() -> None:
 
     spec = BatchPoolSpec.model_validate({"models": [{"name": "m", "source": "/m"}]})
     assert spec.limits.require_output_token_limit is True
+
+
+def _blank_input(seed: int) -> bytes:
+    """Requests among runs of blank and whitespace-only lines (and one long blank line)."""
+    import random
+
+    rng = random.Random(seed)
+    parts: list[bytes] = []
+    for i in range(40):
+        parts.append(rng.choice([b"\n", b"\r\n", b" \t\n", b"\n" * rng.randint(2, 50)]))
+        if rng.random() < 0.5:
+            parts.append(json.dumps(line(f"r{i}")).encode() + b"\n")
+    parts.append(b" " * 300 + b"\n")
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_blank_lines_count_the_same_whatever_the_chunks(seed: int) -> None:
+    # Whitespace-only chunks take a fast path; lines, requests and the shard plan must be
+    # exactly what line-by-line validation gives.
+    data = _blank_input(seed)
+    whole = validate_stream([data], endpoint=CHAT, shard_requests=3)
+    for chunk in (1, 2, 3, 5, 17):
+        pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+        cut = validate_stream(pieces, endpoint=CHAT, shard_requests=3)
+        assert (cut.line_count, cut.request_count, cut.total_bytes) == (
+            whole.line_count,
+            whole.request_count,
+            whole.total_bytes,
+        )
+        assert cut.shards == whole.shards
+        assert codes(cut) == codes(whole)
+    assert whole.line_count == data.count(b"\n")
+
+
+def test_a_blank_head_costs_no_call_per_line() -> None:
+    # #13 hole 5: 256 MiB of newlines must be answered in seconds; the validator used to spend
+    # one Python call per blank line (~160 s of CPU). Counted, not timed.
+    calls = 0
+
+    class Counting(LineValidator):
+        def _complete_line(self, raw: bytes, length: int) -> None:
+            nonlocal calls
+            calls += 1
+            super()._complete_line(raw, length)
+
+    validator = Counting(CHAT)
+    piece = b"\n" * (1 << 20)
+    for _ in range(64):
+        assert validator.feed(piece)
+    validator.feed(b" \r\n" * 1000 + json.dumps(line("a")).encode() + b"\n")
+    result = validator.finish()
+    assert calls <= 1001
+    assert result.line_count == 64 * (1 << 20) + 1001
+    assert result.request_count == 1
+    assert [(s.first_line, s.request_count) for s in result.shards] == [(1, 1)]

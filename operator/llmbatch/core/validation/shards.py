@@ -34,6 +34,10 @@ class ShardCutter:
         if self.requests >= self.size:
             self.close(end)
 
+    def add_blank_lines(self, count: int) -> None:
+        """``count`` lines that hold no request (they never close a shard)."""
+        self.lines += count
+
     def close(self, end: int) -> None:
         if self.lines == 0:
             return

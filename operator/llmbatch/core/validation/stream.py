@@ -122,9 +122,19 @@ class LineValidator:
             self._end_skipped_line(cut)
             data = data[cut + 1 :]
         buffer = self._pending + data if self._pending else data
+        if not buffer.strip():
+            # Only whitespace (say 256 MiB of newlines): every complete line is blank. Count
+            # them at C speed instead of one Python call per line.
+            self._blank_lines(buffer)
+            return True
         lines = buffer.split(b"\n")
         self._pending = lines.pop()
         for raw in lines:
+            if not raw:  # an empty line: nothing to parse
+                self._line += 1
+                self._offset += 1
+                self._cutter.add_blank_lines(1)
+                continue
             self._complete_line(raw, len(raw) + 1)
             if self.aborted:
                 return False
@@ -134,6 +144,21 @@ class LineValidator:
             self._skipped_bytes = len(self._pending)
             self._pending = b""
         return True
+
+    def _blank_lines(self, buffer: bytes) -> None:
+        """Account for the complete lines of an all-whitespace ``buffer``; keep its tail."""
+        last = buffer.rfind(b"\n")
+        if last >= 0:
+            count = buffer.count(b"\n", 0, last + 1)
+            self._line += count
+            self._offset += last + 1
+            self._cutter.add_blank_lines(count)
+        self._pending = buffer[last + 1 :]
+        if len(self._pending) > self.limits.max_line_bytes:
+            self._report(line_too_large(self._line + 1, self.limits.max_line_bytes))
+            self._skipping = True
+            self._skipped_bytes = len(self._pending)
+            self._pending = b""
 
     def _end_skipped_line(self, tail: int) -> None:
         self._skipping = False
