@@ -50,10 +50,14 @@ fmt: venv
 gen: venv
 	$(BIN)/python hack/gen_crds.py
 	$(BIN)/python hack/gen_chart.py
+	$(BIN)/python hack/grafana/gen_dashboard.py
+	$(BIN)/python hack/gen_metrics_doc.py
 
 verify: venv
 	$(BIN)/python hack/gen_crds.py --check
 	$(BIN)/python hack/gen_chart.py --check
+	$(BIN)/python hack/grafana/gen_dashboard.py --check
+	$(BIN)/python hack/gen_metrics_doc.py --check
 
 test-unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 import click
@@ -101,9 +100,12 @@ def gateway(
         raise click.UsageError(f"the metrics port must not be the API port ({port})")
     import uvicorn
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    from llmbatch import logs
+
+    logs.configure(log_level)
+    from uvicorn.config import LOGGING_CONFIG
+
+    log_config = logs.uvicorn_log_config() or LOGGING_CONFIG
     uvicorn.run(
         "llmbatch.gateway.app:create_app",
         factory=True,
@@ -114,4 +116,5 @@ def gateway(
         access_log=False,
         proxy_headers=True,
         timeout_keep_alive=75,  # longer than common load-balancer idle timeouts (60 s)
+        log_config=log_config,
     )

@@ -46,11 +46,9 @@ def operator(
     import kopf
 
     import llmbatch.controller.handlers  # noqa: F401  (registers the handlers)
+    from llmbatch import logs
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logs.configure(logging.DEBUG if verbose else logging.INFO)
     if not verbose:
         # kopf logs every successful timer run at INFO: once a second per object.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)

@@ -13,6 +13,7 @@ from typing import Any
 
 import kopf
 
+from llmbatch import logs
 from llmbatch.api.resources import GROUP, VERSION
 from llmbatch.controller import metrics
 from llmbatch.controller.batches import BatchReconciler, Step
@@ -20,6 +21,7 @@ from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import REQUEST_TIMEOUT, Kube
 from llmbatch.controller.pools import PoolScheduler
 from llmbatch.controller.retention import RetentionSweeper
+from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import TERMINAL
 from llmbatch.storage import open_store
 
@@ -55,7 +57,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     await kube.ensure_cluster_peering(config.peering)
     memo.config = config
     memo.kube = kube
-    memo.batches = BatchReconciler(kube, open_store(config.store_uri), config)
+    memo.batches = BatchReconciler(
+        kube, metrics.instrument_store(open_store(config.store_uri)), config
+    )
     memo.pools = PoolScheduler(kube)
     metrics.serve(config.metrics_port)
     if config.retention_interval > 0:
@@ -87,12 +91,17 @@ def _apply(step: Step, body: kopf.Body, patch: kopf.Patch) -> None:
 
 async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
     uid = body["metadata"]["uid"]
+    name = str(body["metadata"].get("name") or "")
+    logs.bind_context(
+        batch_id=batch_id_from_name(name) if name.startswith("batch-") else None,
+        tenant=body["metadata"].get("namespace"),
+    )
     async with _locks[uid]:
         reconciler: BatchReconciler = memo.batches
         step = await reconciler.step(dict(body))
         _apply(step, body, patch)
     current = step.phase or (body.get("status") or {}).get("status")
-    metrics.observe_batch(uid, current)
+    metrics.observe_batch(uid, current, dict(body), dict(patch.get("status") or {}))
 
 
 def _served(namespace: str | None, **_: Any) -> bool:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import get_args
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from llmbatch.api.openai import BatchStatus
+from llmbatch.storage import ObjectStore
+from llmbatch.storage.instrumented import InstrumentedStore
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -118,22 +124,233 @@ RETENTION_ERRORS = Counter(
     registry=REGISTRY,
 )
 
+POOL_BACKLOG = Gauge(
+    "llmbatch_pool_backlog_requests",
+    "Requests of unfinished shards (queued or running), by pool and tier.",
+    ["pool", "tier"],
+    registry=REGISTRY,
+)
+POOL_DRAIN_TARGET = Gauge(
+    "llmbatch_pool_drain_target_seconds",
+    "The tier's drain target from the BatchPool spec, by pool and tier.",
+    ["pool", "tier"],
+    registry=REGISTRY,
+)
+POOL_MAX_SLOTS = Gauge(
+    "llmbatch_pool_max_slots",
+    "The pool's maxSlots.",
+    ["pool"],
+    registry=REGISTRY,
+)
+POOL_SLOT_THROUGHPUT = Gauge(
+    "llmbatch_pool_slot_throughput_requests_per_second",
+    "Requests per second one slot is assumed (or has been measured) to finish, by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+LAST_RECONCILE = Gauge(
+    "llmbatch_operator_last_reconcile_timestamp_seconds",
+    "Unix time of the operator's last batch reconcile or pool scheduling round (a paused "
+    "replica, without the kopf peering lead, does not advance it).",
+    registry=REGISTRY,
+)
+BATCH_OLDEST = Gauge(
+    "llmbatch_batch_oldest_in_status_seconds",
+    "Age in its current status of the oldest batch in each status (0: none), since this "
+    "operator first saw it there.",
+    ["status"],
+    registry=REGISTRY,
+)
+BATCH_DURATION = Histogram(
+    "llmbatch_batch_duration_seconds",
+    "Time from creation to the terminal status, by tier and the status reached.",
+    ["tier", "status"],
+    buckets=(10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400, 172800, 259200),
+    registry=REGISTRY,
+)
+BATCH_FIRST_RESULT = Histogram(
+    "llmbatch_batch_first_result_seconds",
+    "Time from creation to the first finished request of a batch, by tier.",
+    ["tier"],
+    buckets=(1, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400),
+    registry=REGISTRY,
+)
+POOL_REQUESTS = Counter(
+    "llmbatch_pool_requests_processed_total",
+    "Requests finished by shards as batch progress reports them, by pool, tier and outcome "
+    "(completed, failed).",
+    ["pool", "tier", "outcome"],
+    registry=REGISTRY,
+)
+REQUESTS_UNSUCCESSFUL = Counter(
+    "llmbatch_requests_unsuccessful_total",
+    "Error lines of finished batches, by pool, tier and reason: request_error (the batch "
+    "completed) or the batch's terminal status (failed, expired, cancelled).",
+    ["pool", "tier", "reason"],
+    registry=REGISTRY,
+)
+SHARD_FAILURES = Counter(
+    "llmbatch_shard_failures_total",
+    "Shard Jobs seen entering Failed, by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+SHARD_RERUNS = Counter(
+    "llmbatch_shard_reruns_total",
+    "Shard re-runs (a new Job for a shard), by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+STORE_SECONDS = Histogram(
+    "llmbatch_store_operation_seconds",
+    "Time of the operator's object-store calls, by operation.",
+    ["op"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+STORE_ERRORS = Counter(
+    "llmbatch_store_errors_total",
+    "The operator's object-store calls that failed (a missing key is not a failure), by operation.",
+    ["op"],
+    registry=REGISTRY,
+)
 
 _STATUSES: tuple[str, ...] = get_args(BatchStatus)
-_known: dict[str, str] = {}
+_TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
-def observe_batch(uid: str, status: str | None) -> None:
-    """Record a batch's current status for the ``llmbatch_batches`` gauge."""
+@dataclass
+class _Seen:
+    """What the metrics remember of one batch between reconciles (never exported per batch)."""
+
+    status: str
+    since: float
+    counts: tuple[int, int] | None = None  # (completed, failed) at the last look
+    shards: dict[int, tuple[str, int]] = field(default_factory=dict)  # index: (phase, reruns)
+
+
+_known: dict[str, _Seen] = {}
+_pools_seen: set[str] = set()
+_UNSUCCESSFUL_REASONS = ("request_error", "failed", "expired", "cancelled")
+
+
+def instrument_store(store: ObjectStore) -> ObjectStore:
+    """``store`` with its calls timed and failures counted (``llmbatch_store_*``)."""
+    return InstrumentedStore(store, STORE_SECONDS, STORE_ERRORS)
+
+
+def observe_batch(
+    uid: str,
+    status: str | None,
+    body: dict[str, Any] | None = None,
+    changes: dict[str, Any] | None = None,
+) -> None:
+    """Record a batch after a reconcile: ``body`` as read, ``changes`` the status patch sent.
+
+    Feeds the per-status gauges and, from differences to the previous look, the duration,
+    first-result, progress, shard-failure and re-run metrics (pool and tier labels only).
+    """
+    now = time.time()
+    LAST_RECONCILE.set(now)
     if status is None:
         _known.pop(uid, None)
     else:
-        _known[uid] = status
+        seen = _known.get(uid)
+        if seen is None:
+            seen = _known[uid] = _Seen(status, now)
+        elif seen.status != status:
+            seen.status, seen.since = status, now
+        if body is not None:
+            _observe_progress(seen, previous_status(body), status, body, changes or {})
     counts = dict.fromkeys(_STATUSES, 0)
-    for value in _known.values():
-        counts[value] = counts.get(value, 0) + 1
+    for known in _known.values():
+        counts[known.status] = counts.get(known.status, 0) + 1
     for value, count in counts.items():
         BATCHES.labels(value).set(count)
+
+
+def previous_status(body: dict[str, Any]) -> str | None:
+    """The OpenAI status the batch had before this reconcile."""
+    value = (body.get("status") or {}).get("status")
+    return str(value) if value else None
+
+
+def _observe_progress(
+    seen: _Seen, before: str | None, status: str, body: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    merged = {**(body.get("status") or {}), **changes}
+    tier = str((body.get("spec") or {}).get("priority") or "standard")
+    pool = str(merged.get("pool") or "")
+    created = merged.get("createdAt") or _created(body)
+    counts = merged.get("requestCounts") or {}
+    completed, failed = int(counts.get("completed") or 0), int(counts.get("failed") or 0)
+    if seen.counts is not None and pool:
+        was_completed, was_failed = seen.counts
+        if was_completed + was_failed == 0 < completed + failed and created:
+            BATCH_FIRST_RESULT.labels(tier).observe(max(0.0, time.time() - float(created)))
+        POOL_REQUESTS.labels(pool, tier, "completed").inc(max(0, completed - was_completed))
+        POOL_REQUESTS.labels(pool, tier, "failed").inc(max(0, failed - was_failed))
+    seen.counts = (completed, failed)
+    for shard in merged.get("shards") or []:
+        index, phase, reruns = shard.get("index"), shard.get("phase"), int(shard.get("reruns") or 0)
+        old = seen.shards.get(index)
+        if old is not None and pool:
+            if phase == "Failed" and old[0] != "Failed":
+                SHARD_FAILURES.labels(pool).inc()
+            if reruns > old[1]:
+                SHARD_RERUNS.labels(pool).inc(reruns - old[1])
+        seen.shards[index] = (str(phase), reruns)
+    if status in _TERMINAL and before not in _TERMINAL and before is not None:
+        if created:
+            BATCH_DURATION.labels(tier, status).observe(max(0.0, time.time() - float(created)))
+        if failed and pool:
+            reason = "request_error" if status == "completed" else status
+            REQUESTS_UNSUCCESSFUL.labels(pool, tier, reason).inc(failed)
+
+
+def _created(body: dict[str, Any]) -> float | None:
+    stamp = (body.get("metadata") or {}).get("creationTimestamp")
+    if not stamp:
+        return None
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+
+
+def _oldest(status: str) -> float:
+    now = time.time()
+    return max((now - s.since for s in list(_known.values()) if s.status == status), default=0.0)
+
+
+def _oldest_of(status: str) -> Callable[[], float]:
+    return lambda: _oldest(status)
+
+
+for _status in _STATUSES:
+    BATCH_OLDEST.labels(_status).set_function(_oldest_of(_status))
+
+
+def observe_pool(
+    name: str,
+    backlog: Mapping[str, int],
+    drain: Mapping[str, int],
+    max_slots: int,
+    throughput: float,
+) -> None:
+    """Record one pool scheduling round: backlog and drain target per tier, size, throughput."""
+    LAST_RECONCILE.set(time.time())
+    if name not in _pools_seen:  # counters start at 0, so rate() and increase() see the first
+        _pools_seen.add(name)
+        SHARD_FAILURES.labels(name)
+        SHARD_RERUNS.labels(name)
+        for tier in backlog:
+            for outcome in ("completed", "failed"):
+                POOL_REQUESTS.labels(name, tier, outcome)
+            for reason in _UNSUCCESSFUL_REASONS:
+                REQUESTS_UNSUCCESSFUL.labels(name, tier, reason)
+    POOL_MAX_SLOTS.labels(name).set(max_slots)
+    POOL_SLOT_THROUGHPUT.labels(name).set(throughput)
+    for tier, requests in backlog.items():
+        POOL_BACKLOG.labels(name, tier).set(requests)
+        POOL_DRAIN_TARGET.labels(name, tier).set(drain.get(tier, 0))
 
 
 def serve(port: int) -> None:

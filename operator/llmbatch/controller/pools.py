@@ -152,6 +152,8 @@ class PoolScheduler:
             preempted = await self._preempt(pool, namespace, running, queued, chosen, result)
         in_use = len(running) + len(granted) - preempted
         _export_metrics(name, in_use, scaled.desired, queued, chosen)
+        drain: dict[str, int] = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
+        metrics.observe_pool(name, backlog, drain, pool.max_slots, throughput)
         wanted = {
             "slotsInUse": in_use,
             "desiredSlots": scaled.desired,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from llmbatch import logs
 from llmbatch.api.shard import ShardSpec
 from llmbatch.executor.engines import Engine, EngineConfigError, create_engine
 from llmbatch.executor.exitcodes import (
@@ -165,11 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--log-level", default=os.environ.get("LLMBATCH_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(args.log_level, stream=sys.stderr)
     termination_log = termination_log_path(args.termination_log)
     code: ExitCode
     message: str | None = None
@@ -178,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ShardFailure(ExitCode.BAD_CONFIG, "no shard spec (--shard-spec)")
         try:
             spec = load_spec(args.shard_spec)
+            logs.bind_context(batch_id=spec.batch_id, shard=spec.shard_index)
         except (ObjectNotFound, InvalidKey) as exc:
             raise ShardFailure(ExitCode.BAD_CONFIG, f"bad shard spec: {exc}") from exc
         except StoreError as exc:

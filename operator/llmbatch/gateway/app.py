@@ -89,7 +89,7 @@ async def _serving(
     app.state.gateway = Gateway(
         cfg,
         kube_api,
-        store or open_store(cfg.store_uri),
+        metrics.instrument_store(store or open_store(cfg.store_uri)),
         ring,
         ReadCache(kube_api, cfg.read_cache_seconds),
     )

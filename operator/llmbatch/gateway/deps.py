@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from llmbatch import logs
 from llmbatch.gateway import metrics
 from llmbatch.gateway.auth import KeyRing, Principal
 from llmbatch.gateway.errors import APIError, unauthorized
@@ -59,6 +60,7 @@ async def authenticate(
         metrics.AUTH_FAILURES.labels("invalid").inc()
         shown = credentials.credentials[:8] + "****" if len(credentials.credentials) > 12 else ""
         raise unauthorized(f"Incorrect API key provided: {shown or '****'}.")
+    logs.bind_context(tenant=principal.namespace)
     return principal
 
 

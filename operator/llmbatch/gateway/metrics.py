@@ -15,6 +15,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llmbatch.storage import ObjectStore
+from llmbatch.storage.instrumented import InstrumentedStore
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 REQUESTS = Counter(
@@ -64,6 +67,26 @@ AUTH_FAILURES = Counter(
     registry=REGISTRY,
 )
 API_KEYS = Gauge("llmbatch_gateway_api_keys", "API keys currently loaded.", registry=REGISTRY)
+STORE_SECONDS = Histogram(
+    "llmbatch_gateway_store_operation_seconds",
+    "Time of the gateway's object-store calls, by operation.",
+    ["op"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+STORE_ERRORS = Counter(
+    "llmbatch_gateway_store_errors_total",
+    "The gateway's object-store calls that failed (a missing key is not a failure), by operation.",
+    ["op"],
+    registry=REGISTRY,
+)
+
+
+def instrument_store(store: ObjectStore) -> ObjectStore:
+    """``store`` with its calls timed and failures counted (``llmbatch_gateway_store_*``)."""
+    if isinstance(store, InstrumentedStore):
+        return store
+    return InstrumentedStore(store, STORE_SECONDS, STORE_ERRORS)
 
 
 @contextlib.contextmanager
