@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -328,7 +329,11 @@ def test_kubectl_batch_without_enough_credit_fails_clearly(
         {
             "customID": f"req-{i}",
             "url": CHAT,
-            "body": {"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            "body": {
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+            },
         }
         for i in range(3)
     ]
@@ -384,3 +389,68 @@ def test_private_pool_charges_gpu_time_not_tokens(
     status = account(cluster, namespace)["status"]
     assert Decimal(status["charged"]) == Decimal(final["cost"])
     assert status["activeBatches"] == 0
+
+
+def test_a_pod_waiting_for_a_node_is_not_charged_gpu_time(
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    tenants: Callable[..., Tenant],
+    tmp_path: pathlib.Path,
+) -> None:
+    """Seed 000: queue time has no GPU charge. A private pool whose nodeSelector matches no
+    node: its shard Job is admitted (unsuspended) but its pod never schedules; cancelled after
+    waiting, the batch is charged 0 GPU-seconds."""
+    pool, model = make_pool(cluster, tmp_path, engine_args=["--latency-seconds=0.01"])
+    patch = {
+        "spec": {
+            "billing": {"mode": "GPUTime", "gpuHourPrice": "36"},
+            "nodeSelector": {"llmbatch.io/no-such-node": "true"},
+        }
+    }
+    cluster.kubectl("patch", "batchpool", pool, "--type=merge", "-p", json.dumps(patch))
+    namespace, client = tenants(credit="100")
+    batch = create(client, jsonl(model, 2))
+    name = batch_object_name(batch.id)
+
+    def pending_pod() -> Any:
+        pods = json.loads(
+            cluster.kubectl(
+                "get",
+                "pods",
+                "-n",
+                "llmbatch-workers",
+                "-l",
+                f"llmbatch.io/pool={pool}",
+                "-o",
+                "json",
+            )
+        )["items"]
+        unscheduled = [
+            p
+            for p in pods
+            for c in (p.get("status") or {}).get("conditions") or []
+            if c.get("type") == "PodScheduled" and c.get("status") == "False"
+        ]
+        return unscheduled
+
+    wait_for(pending_pod, 60, "the shard pod, unschedulable")
+    # the Job is running (unsuspended, startTime set) while its pod waits: before #16 this
+    # wait was billed from the Job's startTime
+    jobs = json.loads(
+        cluster.kubectl(
+            "get", "jobs", "-n", "llmbatch-workers", "-l", f"llmbatch.io/pool={pool}", "-o", "json"
+        )
+    )["items"]
+    assert jobs
+    assert all(j["spec"]["suspend"] is False for j in jobs)
+    assert all((j.get("status") or {}).get("startTime") for j in jobs)
+    time.sleep(5)
+    status = get_batch(cluster, namespace, name)["status"]
+    assert status["status"] == "in_progress"
+    assert all(s.get("runningSince") is None for s in status["shards"]), status["shards"]
+    client.batches.cancel(batch.id)
+    final = wait_status(cluster, operator_process, namespace, name, {"cancelled"})["status"]
+    assert final["billing"]["gpuSeconds"] == 0
+    assert sum(s.get("runSeconds", 0) for s in final["shards"]) == 0
+    assert Decimal(final["cost"]) == 0
+    assert Decimal(account(cluster, namespace)["status"]["charged"]) == 0

@@ -291,16 +291,18 @@ def test_invalid_input_fails_without_jobs(
         "custom_id": "a",
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": MODEL, "messages": []},
+        "body": {"model": MODEL, "messages": [], "max_tokens": 8},
     }
+    other = {"model": "other", "messages": [], "max_tokens": 8}
     lines = [
         json.dumps(good),
         "{not json",
         json.dumps({**good, "custom_id": "a"}),
         json.dumps({**good, "custom_id": "c", "url": "/v1/embeddings"}),
-        json.dumps({**good, "custom_id": "d", "body": {"model": "other", "messages": []}}),
+        json.dumps({**good, "custom_id": "d", "body": other}),
         json.dumps({k: v for k, v in good.items() if k != "custom_id"}),
-        json.dumps({**good, "custom_id": "f", "body": {"model": MODEL, "stream": True}}),
+        json.dumps({**good, "custom_id": "f", "body": {**good["body"], "stream": True}}),
+        json.dumps({**good, "custom_id": "g", "body": {"model": MODEL, "messages": []}}),
     ]
     file_id = f"file-{uuid.uuid4().hex}"
     data = ("\n".join(lines) + "\n").encode()
@@ -321,8 +323,42 @@ def test_invalid_input_fails_without_jobs(
         ("mismatched_model", 5),
         ("missing_custom_id", 6),
         ("stream_not_supported", 7),
+        ("missing_output_token_limit", 8),  # seed 000, on this catalog (Tokens) pool
     ]
     assert batch_jobs(cluster, batch["metadata"]["uid"]) == []
+
+
+def test_rows_without_an_output_limit_fail_a_catalog_batch_not_a_relaxed_private_one(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """Seed 000 for kubectl input: on a token-billed pool the batch fails naming the line; a
+    private (GPUTime) pool that relaxes the rule runs it."""
+    requests = chat_requests(3)
+    del requests[1]["body"]["max_tokens"]
+    catalog = make_pool(cluster, tmp_path)
+    name = make_batch(cluster, tmp_path, namespace, pool=catalog, requests=requests)
+    status = wait_status(cluster, operator_process, namespace, name, {"failed", "in_progress"})[
+        "status"
+    ]
+    assert status["status"] == "failed"
+    assert [(e["code"], e.get("line")) for e in status["errors"]] == [
+        ("missing_output_token_limit", 2)
+    ]
+    private = f"pool-{uuid.uuid4().hex[:8]}"
+    _POOLS.append(private)
+    relaxed = simulated_pool(
+        private,
+        MODEL,
+        billing={"mode": "GPUTime"},
+        limits={"requireOutputTokenLimit": False},
+    )
+    apply(cluster, tmp_path, relaxed)
+    name = make_batch(cluster, tmp_path, namespace, pool=private, requests=requests)
+    status = wait_status(cluster, operator_process, namespace, name, {"failed", "completed"})[
+        "status"
+    ]
+    assert status["status"] == "completed", status.get("errors")
+    assert status["requestCounts"] == {"total": 3, "completed": 3, "failed": 0}
 
 
 def test_batch_file_pointing_at_another_tenants_bytes_is_refused(

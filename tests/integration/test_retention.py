@@ -68,7 +68,11 @@ def upload(
             "custom_id": f"r{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+            },
         }
         for i in range(requests)
     ]
