@@ -13,6 +13,7 @@ import pathlib
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +22,11 @@ from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.retention import SETTLE_SECONDS
 from tests.fixtures.operator import OperatorProcess, simulated_pool
+from tests.integration.test_credits import (  # noqa: F401  (fixtures: a gateway on this store)
+    Tenant,
+    gateway,
+    tenants,
+)
 from tests.integration.test_operator import (
     _POOLS,
     MODEL,
@@ -259,3 +265,62 @@ def test_retention_carries_on_after_a_restart(
     assert kept(cluster, op, namespace, keep)
     assert metric(op, FILES_EXPIRED, purpose="batch") >= 2  # a fresh process counts from zero
     assert metric(op, FREED, area="input") >= due_size
+
+
+def sweeps(operator: OperatorProcess) -> float:
+    found = re.search(
+        r"^llmbatch_retention_sweep_duration_seconds_count (\S+)$", operator.metrics(), re.M
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def test_expires_after_from_the_sdk_is_what_retention_keeps(
+    cluster: Any,
+    operator_process: OperatorProcess,
+    tenants: Callable[..., Tenant],  # noqa: F811  (the fixture imported above)
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue #16: ``files.create(expires_after=...)`` replaces the 24 h default for an unused
+    input, longer or shorter, and caps how long an accepted input outlives its batch."""
+    op = operator_process
+    model = f"expiry-model-{uuid.uuid4().hex[:6]}"
+    pool = f"pool-{uuid.uuid4().hex[:8]}"
+    _POOLS.append(pool)
+    grace = {"inputAfterBatchSeconds": 86400}  # would keep an accepted input a day
+    apply(cluster, tmp_path, simulated_pool(pool, model, retention=grace))
+    namespace, client = tenants(credit="100")
+    row = {
+        "custom_id": "r1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+    }
+    data = json.dumps(row).encode() + b"\n"
+
+    def create(seconds: int) -> Any:
+        return client.files.create(
+            file=("r.jsonl", data),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": seconds},
+        )
+
+    month, hour = create(2592000), create(3600)
+    batch = client.batches.create(
+        input_file_id=hour.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    name = "batch-" + batch.id.removeprefix("batch_")
+    wait_status(cluster, op, namespace, name, {"completed"})
+    # the accepted input's expiry is the asked hour, not the pool's day after the batch
+    wait_for(
+        lambda: client.files.retrieve(hour.id).expires_at == hour.created_at + 3600,
+        30,
+        "the accepted input's expiry capped at its expires_after",
+    )
+    swept = sweeps(op)
+    wait_for(lambda: sweeps(op) >= swept + 2, 30, "two more retention sweeps")
+    # the unused input keeps its 30 days (the sweep does not cut it to the 24 h default)
+    assert client.files.retrieve(month.id).expires_at == month.created_at + 2592000
+    obj = batch_file(cluster, namespace, month.id)
+    assert obj is not None
+    assert (obj.get("status") or {}).get("expiresAt") in (None, month.created_at + 2592000)
+    assert kept(cluster, op, namespace, month.id)
