@@ -8,9 +8,12 @@ upgrade with a batch in flight → uninstall leaves no Job.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
 import re
+import signal
 import socket
 import time
 import urllib.error
@@ -377,6 +380,54 @@ def test_upgrade_with_a_batch_in_flight_loses_nothing(install: Install) -> None:
     assert status["requestCounts"] == {"total": 60, "completed": 60, "failed": 0}
     ids = install.output_ids(status)
     assert len(ids) == len(set(ids)) == 60
+
+
+def _pids_of_pod(pod: str) -> list[int]:
+    """The processes of a pod's containers (the node agent runs them with HOSTNAME=<pod>)."""
+    marker = b"HOSTNAME=" + pod.encode() + b"\0"
+    pids = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "environ").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _restarts(install: Install, component: str) -> tuple[str, int]:
+    (pod,) = install.json(
+        "get", "pods", "-n", RELEASE_NAMESPACE, "-l", f"app.kubernetes.io/component={component}"
+    )["items"]
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    return pod["metadata"]["name"], int(statuses[0].get("restartCount", 0))
+
+
+def test_killed_operator_and_gateway_containers_restart_and_lose_nothing(
+    install: Install,
+) -> None:
+    """The crash case of the chart install: SIGKILL of the operator's and the gateway's
+    container processes mid-batch; the kubelet (the node agent here) restarts them and the
+    batch ends with every line exactly once."""
+    name = install.submit(40)
+    install.wait_status(name, "in_progress")
+    for component in ("operator", "gateway"):
+        pod, before = _restarts(install, component)
+        pids = _pids_of_pod(pod)
+        assert pids, f"no process of {pod}"
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        install.wait(
+            f"{component} restarted",
+            lambda component=component, before=before: _restarts(install, component)[1] > before,
+            timeout=120,
+        )
+    status = install.wait_status(name, "completed", timeout=300)["status"]
+    assert status["requestCounts"] == {"total": 40, "completed": 40, "failed": 0}
+    ids = install.output_ids(status)
+    assert len(ids) == len(set(ids)) == 40
 
 
 def test_uninstall_leaves_no_job(install: Install) -> None:
