@@ -9,6 +9,11 @@ drains. Prints, for several seeds (median):
   expedited time-to-first-slot p50/p95, standard completion within 24 h (%), flex completion
   within 72 h (%), slot busy fraction while work is waiting, and slot-hours provisioned.
 
+Then, for a day where most batches are small, the cost of engine starts: cold slots (every shard
+starts an engine, today's executor) against warm slots (a slot loads once and runs shard after
+shard until idle) for an 8B-class pool (45 s to load) and a 70B-class one (180 s): engine
+starts, GPU-hours loading / inferring / idle, expedited wait p95 and small-batch completion.
+
     .venv/bin/python benchmarks/scheduler_sim.py [--seeds 5] [--max-slots 16]
 """
 
@@ -148,10 +153,170 @@ def simulate(trace: list[SimBatch], max_slots: int, ours: bool) -> dict[str, flo
     }
 
 
+# --- engine starts: cold slots (one engine per shard) vs warm slots (one engine per slot) -------
+
+SMALL_SHARE = 0.7
+"""Share of small batches (2-100 requests) in the warm/cold trace: many small batches."""
+
+
+def make_mixed_trace(seed: int) -> list[SimBatch]:
+    """The day of :func:`make_trace` with most batches small (seed 000's support tickets)."""
+    rng = random.Random(seed + 1000)
+    batches = make_trace(seed)
+    for batch in batches:
+        if rng.random() < SMALL_SHARE:
+            batch.requests = rng.randint(2, 100)
+            batch.shards_left = [0]
+    return batches
+
+
+@dataclass
+class Slot:
+    """One slot pod: loads its engine once (``ready_at``), then runs shard after shard."""
+
+    ready_at: float
+    busy_until: float = 0.0
+    idle_since: float = 0.0
+    started_at: float = 0.0
+
+
+def simulate_engines(
+    trace: list[SimBatch], max_slots: int, engine_start: float, warm: bool, idle_seconds: float
+) -> dict[str, float]:
+    """Our queue order and autoscaler; a shard pays ``engine_start`` (cold) or a slot pays it
+    once and stays up while work comes or for ``idle_seconds`` (warm). Slot time is split into
+    loading, inferring and idle. A warm slot runs one shard at a time here: packing several
+    small batches onto one engine (issue #15) would only add to the warm column."""
+    batches = [SimBatch(b.name, b.tier, b.arrival, b.requests, list(b.shards_left)) for b in trace]
+    pending = sorted(batches, key=lambda b: b.arrival)
+    active: list[SimBatch] = []
+    slots: list[Slot] = []
+    runs: list[tuple[float, SimBatch]] = []  # (finish, batch)
+    state = ScaleState(desired=0)
+    loading = inferring = idle = 0.0
+    starts = 0
+    now = 0.0
+    while now < HORIZON:
+        while pending and pending[0].arrival <= now:
+            active.append(pending.pop(0))
+        still = []
+        for finish, batch in runs:
+            if finish <= now:
+                batch.running -= 1
+                if not batch.shards_left and batch.running == 0:
+                    batch.done_at = finish
+            else:
+                still.append((finish, batch))
+        runs = still
+        active = [b for b in active if b.done_at is None]
+        waiting = [b for b in active if b.shards_left]
+        backlog = dict.fromkeys(DRAIN, 0)
+        for b in active:
+            backlog[b.tier] += sum(shard_requests(b, i) for i in b.shards_left) + b.running
+        state = damp(state, raw_desired_slots(backlog, THROUGHPUT, DRAIN, 0, max_slots), now, 600)
+        by_name = {b.name: b for b in waiting}
+        queue = [
+            (by_name[q.batch], q.shard_index)
+            for q in order_queue(
+                QueuedShard(b.name, b.tier, b.arrival, i) for b in waiting for i in b.shards_left
+            )
+        ]
+        if warm:
+            # Retire slots idle past idle_seconds beyond what the autoscaler wants.
+            free = [s for s in slots if s.busy_until <= now and s.ready_at <= now]
+            for slot in free:
+                if len(slots) > state.desired and now - slot.idle_since >= idle_seconds:
+                    slots.remove(slot)
+            while len(slots) < min(state.desired, max_slots):
+                slots.append(Slot(ready_at=now + engine_start, started_at=now, idle_since=now))
+                starts += 1
+                loading += engine_start
+            for slot in sorted(slots, key=lambda s: s.ready_at):
+                if not queue:
+                    break
+                start = max(now, slot.ready_at)
+                if slot.busy_until > now or start > now + TICK:
+                    continue
+                batch, index = queue.pop(0)
+                seconds = shard_seconds(batch, index)
+                _start_shard(batch, index, now, runs, start + seconds)
+                slot.busy_until = start + seconds
+                slot.idle_since = slot.busy_until
+                inferring += seconds
+            idle += TICK * sum(1 for s in slots if s.busy_until <= now and s.ready_at <= now)
+        else:
+            room = max(0, state.desired - sum(1 for _ in runs))
+            for batch, index in queue[:room]:
+                seconds = shard_seconds(batch, index)
+                _start_shard(batch, index, now, runs, now + engine_start + seconds)
+                starts += 1
+                loading += engine_start
+                inferring += seconds
+        now += TICK
+    waits = sorted(
+        (b.first_start - b.arrival) for b in batches if b.tier == "expedited" and b.first_start
+    ) or [0.0]
+    small = sorted(
+        b.done_at - b.arrival for b in batches if b.done_at is not None and b.requests <= 100
+    ) or [0.0]
+    return {
+        "engine_starts": float(starts),
+        "loading_h": loading / 3600,
+        "inferring_h": inferring / 3600,
+        "idle_h": idle / 3600,
+        "exp_wait_p95": waits[min(len(waits) - 1, int(0.95 * len(waits)))] / 60,
+        "small_done_p50": statistics.median(small) / 60,
+    }
+
+
+def shard_requests(batch: SimBatch, index: int) -> int:
+    last = math.ceil(batch.requests / SHARD_REQUESTS) - 1
+    return batch.requests - SHARD_REQUESTS * last if index == last else SHARD_REQUESTS
+
+
+def _start_shard(
+    batch: SimBatch, index: int, now: float, runs: list[tuple[float, SimBatch]], finish: float
+) -> None:
+    batch.shards_left.remove(index)
+    batch.running += 1
+    if batch.first_start is None:
+        batch.first_start = now
+    runs.append((finish, batch))
+
+
+def engine_report(seeds: int, max_slots: int, idle_seconds: float) -> None:
+    """Warm vs cold for an 8B-class (45 s engine start) and a 70B-class (180 s) pool."""
+    print(
+        f"\nengine starts, a day with {SMALL_SHARE:.0%} small batches (2-100 requests), "
+        f"{max_slots} max slots, warm slots idle out after {idle_seconds:.0f} s, "
+        f"median of {seeds} seeds"
+    )
+    header = f"{'pool / metric':34} {'warm':>10} {'cold':>10}"
+    for label, start in (("8B (engine start 45 s)", 45.0), ("70B (engine start 180 s)", 180.0)):
+        results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+        for seed in range(seeds):
+            trace = make_mixed_trace(seed)
+            for warm in (True, False):
+                results[warm].append(simulate_engines(trace, max_slots, start, warm, idle_seconds))
+        print(f"{label}\n{header}")
+        for name, key in (
+            ("  engine starts", "engine_starts"),
+            ("  GPU-hours loading", "loading_h"),
+            ("  GPU-hours inferring", "inferring_h"),
+            ("  GPU-hours warm and idle", "idle_h"),
+            ("  expedited wait p95 (min)", "exp_wait_p95"),
+            ("  small batch done p50 (min)", "small_done_p50"),
+        ):
+            w = statistics.median(r[key] for r in results[True])
+            c = statistics.median(r[key] for r in results[False])
+            print(f"{name:34} {w:10.2f} {c:10.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--max-slots", type=int, default=16)
+    parser.add_argument("--idle-seconds", type=float, default=300.0)
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"ours": [], "fifo": []}
     sizes = []
@@ -182,6 +347,7 @@ def main() -> None:
         r["slot_hours"] for r in runs["fifo"]
     )
     print(f"slot-hours ratio ours/fifo: {ratio:.2f}")
+    engine_report(args.seeds, args.max_slots, args.idle_seconds)
 
 
 if __name__ == "__main__":
