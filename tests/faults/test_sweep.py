@@ -69,7 +69,7 @@ def http_fault(rng: random.Random) -> Fault:
     return Fault(
         f"s3-{status}-{code}-x{burst}-{target}",
         start=0.0,
-        duration=rng.uniform(5, 20),
+        duration=0.0,  # the burst's count bounds it: it stays armed until its target is hit
         inject=lambda stack: stack.store_faults([rule]),
         during_upload=target == "upload",
         during_download=target == "download",
