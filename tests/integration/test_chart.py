@@ -333,3 +333,38 @@ def test_rbac_is_least_privilege(values: pathlib.Path) -> None:
                 continue
             assert "jobs.batch" not in resources, f"{account}: Jobs outside worker namespaces"
             assert "pods" not in resources, f"{account}: Pods outside worker namespaces"
+
+
+def test_observability_value_set_renders_dashboard_and_rules() -> None:
+    """hack/chart-values/observability.yaml: the dashboard ConfigMap for the Grafana sidecar and
+    the PrometheusRule with the rule file's groups, alert labels, runbook URLs and one alert left
+    out; neither exists by default."""
+    objects = render(ROOT / "hack" / "chart-values" / "observability.yaml")
+    dashboards = [
+        o for o in objects if o["kind"] == "ConfigMap" and "dashboard" in o["metadata"]["name"]
+    ]
+    assert len(dashboards) == 1
+    assert dashboards[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+    model = json.loads(dashboards[0]["data"]["llm-batch-operator.json"])
+    assert model["uid"] == "llmbatch-overview"
+    assert json.loads((CHART / "files" / "dashboard.json").read_text()) == model
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    source = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    rendered = {
+        r.get("alert") or r["record"]: r for g in rule["spec"]["groups"] for r in g["rules"]
+    }
+    wanted = {r.get("alert") or r["record"] for g in source["groups"] for r in g["rules"]}
+    assert set(rendered) == wanted - {"LLMBatchSlotsUnfilledWithBacklog"}
+    for name, item in rendered.items():
+        if "alert" in item:
+            assert item["labels"]["team"] == "ml-platform"
+            assert item["annotations"]["runbook_url"] == (
+                "https://github.com/example/llm-batch-operator/blob/main/docs/operations.md#"
+                + name.lower()
+            )
+    kinds = {o["kind"] for o in render()}
+    assert "PrometheusRule" not in kinds
+    assert not [
+        o for o in render() if o["kind"] == "ConfigMap" and "dashboard" in o["metadata"]["name"]
+    ]

@@ -11,6 +11,7 @@ from typing import Any, get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from llmbatch.api.openai import BatchStatus
+from llmbatch.core.tiers import TIERS
 from llmbatch.storage import ObjectStore
 from llmbatch.storage.instrumented import InstrumentedStore
 
@@ -326,6 +327,15 @@ def _oldest_of(status: str) -> Callable[[], float]:
 
 for _status in _STATUSES:
     BATCH_OLDEST.labels(_status).set_function(_oldest_of(_status))
+# Every bounded series from the start, so rate() and increase() see the first event.
+for _tier in TIERS:
+    BATCH_FIRST_RESULT.labels(_tier)
+    for _status in sorted(_TERMINAL):
+        BATCH_DURATION.labels(_tier, _status)
+for _outcome in ("completed", "failed"):
+    REQUESTS.labels(_outcome)
+for _direction in ("input", "output"):
+    TOKENS.labels(_direction)
 
 
 def observe_pool(
