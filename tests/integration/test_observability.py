@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -32,11 +33,18 @@ import yaml
 
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.fixtures.gateway import GatewayProcess, free_port, wait_for_key
-from tests.fixtures.operator import ROOT, ClusterCLI, OperatorProcess, simulated_pool
+from tests.fixtures.operator import (
+    ROOT,
+    WORKER_NAMESPACE,
+    ClusterCLI,
+    OperatorProcess,
+    simulated_pool,
+)
 from tests.integration.test_operator import (
     _POOLS,
     _delete_pools,  # noqa: F401  (autouse: each test's pools are deleted)
     apply,
+    wait_for,
     wait_status,
 )
 
@@ -228,7 +236,10 @@ def test_dashboard_and_rules_against_a_real_prometheus(
                         "pricing": {"inputPerMillion": "1000", "outputPerMillion": "2000"},
                     }
                 },
-                executor={"engineArgs": ["--latency-seconds=0.3", "--max-num-seqs=2"]},
+                executor={
+                    "engineArgs": ["--latency-seconds=0.3", "--max-num-seqs=2"],
+                    "env": [{"name": "LLMBATCH_LOG_FORMAT", "value": "json"}],
+                },
             ),
         )
         namespace, client = make_tenant(gateway)
@@ -244,7 +255,33 @@ def test_dashboard_and_rules_against_a_real_prometheus(
             input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h"
         )
         name = "batch-" + created.id.removeprefix("batch_")
-        done = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=300)
+
+        def executor_json_log() -> dict[str, Any] | None:
+            """A JSON line of a running shard pod that names the batch and the shard."""
+            out = cluster.kubectl(
+                "logs",
+                "-n",
+                WORKER_NAMESPACE,
+                "-l",
+                f"llmbatch.io/pool={pool}",
+                "--tail=50",
+                check=False,
+            )
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    record = json.loads(line)
+                    if record.get("batch_id") == created.id and "shard" in record:
+                        return dict(record)
+            return None
+
+        record = wait_for(executor_json_log, 120, "a JSON log line of an executor pod")
+        assert record["logger"].startswith("llmbatch")
+        # Poll through the gateway as a client does: steady traffic for the gateway panels.
+        deadline = time.monotonic() + 300
+        while client.batches.retrieve(created.id).status != "completed":
+            assert time.monotonic() < deadline, "batch not completed in 300 s"
+            time.sleep(0.5)
+        done = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=60)
         assert done["status"]["requestCounts"]["completed"] == 60
         client.files.content(done["status"]["outputFileID"]).read()
         # A few more scrapes and rule evaluations after the end.
