@@ -307,6 +307,8 @@ def _observe_progress(
         if failed and pool:
             reason = "request_error" if status == "completed" else status
             REQUESTS_UNSUCCESSFUL.labels(pool, tier, reason).inc(failed)
+    if status in _TERMINAL:
+        seen.shards.clear()  # a finished batch's shards change no more: keep memory flat
 
 
 def _created(body: dict[str, Any]) -> float | None:
