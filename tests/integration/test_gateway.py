@@ -921,6 +921,15 @@ def test_rows_without_an_output_limit_are_400_unless_a_private_pool_relaxes_it(
             "body.max_tokens",
         )
         assert client.files.list().data == []
+        # inline requests: the same rule at creation, naming the request
+        inline = {"requests": [line(1, model=catalog), bare], "endpoint": CHAT}
+        with pytest.raises(openai.BadRequestError) as err:
+            client.post(
+                "/batches", body={**inline, "completion_window": "24h"}, cast_to=openai.types.Batch
+            )
+        assert err.value.code == "missing_output_token_limit"
+        assert err.value.param == "requests[1].body.max_completion_tokens"
+        assert client.batches.list().data == []
         # the private pool relaxed it: accepted, the rows without a limit recorded
         rows = [line(1, model=private), line(2, model=private)]
         for row in rows:
@@ -932,6 +941,9 @@ def test_rows_without_an_output_limit_are_400_unless_a_private_pool_relaxes_it(
             )
         )
         assert obj["spec"]["requestsWithoutOutputLimit"] == 2
+        relaxed_inline = {"requests": rows, "endpoint": CHAT, "completion_window": "24h"}
+        batch = client.post("/batches", body=relaxed_inline, cast_to=openai.types.Batch)
+        assert batch.status == "validating"
         # a catalog pool cannot relax it: the API server refuses the spec
         refused = gateway_process.kubectl(
             "patch",

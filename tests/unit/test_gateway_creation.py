@@ -220,3 +220,18 @@ def test_admission_plans_on_the_pool_or_refuses() -> None:
     assert plan.estimate.amount > 0
     hold = reservation("batch-x", plan, 5)
     assert (hold.batch, hold.pool, hold.mode, hold.created_at) == ("batch-x", "p", "Tokens", 5)
+
+
+def test_inline_requests_remember_the_first_without_an_output_limit() -> None:
+    """Seed 000: the gateway refuses it when the model's pool requires a limit (its route)."""
+    from llmbatch.gateway.creation import unbounded_inline_error
+
+    bounded = parse(requests=[row(0, max_tokens=8), row(1, max_completion_tokens=8)])
+    assert bounded.inline.first_unbounded is None
+    assert unbounded_inline_error(bounded.inline, CHAT) is None
+    request = parse(requests=[row(0, max_tokens=8), row(1), row(2)])
+    assert request.inline.first_unbounded == 1
+    error = unbounded_inline_error(request.inline, CHAT)
+    assert error is not None
+    assert (error.status, error.code) == (400, "missing_output_token_limit")
+    assert error.param == "requests[1].body.max_completion_tokens"

@@ -24,6 +24,8 @@ from llmbatch.api.resources import API_VERSION, BatchSpec, EndpointPath, InlineR
 from llmbatch.core.billing import BatchSize
 from llmbatch.core.tiers import expedited_disabled, tier_of
 from llmbatch.core.validation import (
+    OUTPUT_TOKEN_FIELDS_OF,
+    ErrorCode,
     InvalidLine,
     ValidationLimits,
     check_request,
@@ -80,6 +82,9 @@ class InlineInput:
 
     size: BatchSize
     model: str | None
+    first_unbounded: int | None = None
+    """Index of the first request without an output-token limit (None: every one sets one);
+    refused when the model's pool requires a limit (seed 000)."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,7 @@ def _check_inline(
     model: str | None = None
     items: list[InlineRequest] = []
     input_bytes = declared = without = 0
+    first_unbounded: int | None = None
     for index, item in enumerate(requests):
         raw = item.model_dump()
         problems, line_model, output_tokens = check_request(
@@ -265,7 +271,24 @@ def _check_inline(
         if endpoint != "/v1/embeddings":
             declared += output_tokens
             without += int(output_tokens == 0)
-    return items, InlineInput(BatchSize(input_bytes, len(items), declared, without), model)
+            if output_tokens == 0 and first_unbounded is None:
+                first_unbounded = index
+    size = BatchSize(input_bytes, len(items), declared, without)
+    return items, InlineInput(size, model, first_unbounded)
+
+
+def unbounded_inline_error(inline: InlineInput, endpoint: str) -> APIError | None:
+    """The 400 for inline requests without an output-token limit, naming the first one."""
+    if inline.first_unbounded is None:
+        return None
+    fields = OUTPUT_TOKEN_FIELDS_OF.get(endpoint, ("max_tokens",))
+    problem = InvalidLine(
+        ErrorCode.MISSING_OUTPUT_TOKEN_LIMIT,
+        f"Every request needs an output-token limit ({' or '.join(fields)}).",
+        inline.first_unbounded + 1,
+        f"body.{fields[0]}",
+    )
+    return _inline_error(inline.first_unbounded, problem)
 
 
 def _inline_error(index: int, problem: InvalidLine) -> APIError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from llmbatch.core.validation.errors import ErrorCode, InvalidLine, UnsupportedEndpoint
 from llmbatch.core.validation.limits import (
     OUTPUT_TOKEN_FIELDS,
+    OUTPUT_TOKEN_FIELDS_OF,
     SUPPORTED_ENDPOINTS,
     ValidationLimits,
     normalize_endpoint,
@@ -27,6 +28,7 @@ from llmbatch.core.validation.stream import LineValidator, ValidationResult, val
 
 __all__ = [
     "OUTPUT_TOKEN_FIELDS",
+    "OUTPUT_TOKEN_FIELDS_OF",
     "SUPPORTED_ENDPOINTS",
     "UTF8_BOM",
     "ErrorCode",

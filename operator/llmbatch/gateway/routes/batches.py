@@ -16,6 +16,7 @@ from llmbatch.core.ids import batch_id_from_name, batch_object_name
 from llmbatch.gateway import metrics
 from llmbatch.gateway.admission import (
     has_tenant_quota,
+    output_limit_required,
     plan_admission,
     refusal_error,
     reservation,
@@ -31,6 +32,7 @@ from llmbatch.gateway.creation import (
     check_replay,
     check_tenant,
     parse_create_request,
+    unbounded_inline_error,
 )
 from llmbatch.gateway.credits import release_credit, reserve_credit
 from llmbatch.gateway.deps import GW, Gateway, Reader, Writer
@@ -115,7 +117,12 @@ async def _admit(
     The pool is the one the operator will choose for the model; without one (the model is not
     served: validation will fail the batch) only the tenant's limits apply.
     """
-    pool_obj = choose_pool(await gw.kube.list_pools(), model)
+    pools = await gw.kube.list_pools()
+    if request.inline is not None and output_limit_required(pools, model):
+        unbounded = unbounded_inline_error(request.inline, request.spec.endpoint)
+        if unbounded is not None:  # seed 000: the pool bills output tokens, rows must bound them
+            raise unbounded
+    pool_obj = choose_pool(pools, model)
     plan = _admitted(plan_admission(pool_obj, request.spec.priority, size, request.input_param))
     if has_tenant_quota(annotations):
         batches = await gw.kube.list_objects("batches", namespace)
