@@ -35,6 +35,13 @@ def max_requests(pool: BatchPoolSpec) -> int:
     return PRIVATE_MAX_REQUESTS if pool.billing.mode == "GPUTime" else CATALOG_MAX_REQUESTS
 
 
+def output_limit_required(pool: BatchPoolSpec) -> bool:
+    """Whether every row for ``pool`` must bound its output tokens (seed 000): always on a Tokens
+    (catalog) pool, on a GPUTime (private) pool unless ``limits.requireOutputTokenLimit`` is
+    false."""
+    return pool.billing.mode == "Tokens" or pool.limits.require_output_token_limit
+
+
 def choose_pool(
     pools: Iterable[dict[str, Any]], model: str | None, wanted: str | None = None
 ) -> dict[str, Any] | None:

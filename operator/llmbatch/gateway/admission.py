@@ -11,7 +11,13 @@ from typing import Any
 
 from llmbatch.api.openai import TERMINAL_STATUSES
 from llmbatch.api.resources import BatchPoolSpec, CreditReservation, PoolBilling, Pricing, Tier
-from llmbatch.core.admission import Refusal, check_batch_size, check_tenant_queue, choose_pool
+from llmbatch.core.admission import (
+    Refusal,
+    check_batch_size,
+    check_tenant_queue,
+    choose_pool,
+)
+from llmbatch.core.admission import output_limit_required as pool_output_limit_required
 from llmbatch.core.billing import (
     BatchSize,
     Estimate,
@@ -49,8 +55,7 @@ def output_limit_required(pools: list[dict[str, Any]], model: str | None) -> boo
     pool_obj = choose_pool(pools, model)
     if pool_obj is None:
         return True
-    pool = BatchPoolSpec.model_validate(pool_obj.get("spec") or {})
-    return pool.billing.mode == "Tokens" or pool.limits.require_output_token_limit
+    return pool_output_limit_required(BatchPoolSpec.model_validate(pool_obj.get("spec") or {}))
 
 
 def plan_admission(

@@ -33,7 +33,12 @@ from llmbatch.controller.batches.step import (
 from llmbatch.controller.credits import CreditLedger
 from llmbatch.controller.kube import Kube
 from llmbatch.core import billing, keys, tiers
-from llmbatch.core.admission import check_pool_queue, choose_pool, max_requests
+from llmbatch.core.admission import (
+    check_pool_queue,
+    choose_pool,
+    max_requests,
+    output_limit_required,
+)
 from llmbatch.core.validation import (
     ErrorCode,
     InvalidLine,
@@ -112,7 +117,7 @@ class Validation:
             max_requests=max_requests(pool_spec),
             max_bytes=pool_spec.limits.max_bytes,
             max_line_bytes=pool_spec.limits.max_line_bytes,
-            require_output_token_limit=pool_spec.limits.require_output_token_limit,
+            require_output_token_limit=output_limit_required(pool_spec),
         )
         verdict = await asyncio.to_thread(
             self._run_validator, input_key, spec.endpoint, limits, pool_spec.shard_requests
