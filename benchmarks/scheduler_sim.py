@@ -77,6 +77,19 @@ def shard_seconds(batch: SimBatch, index: int) -> float:
     return requests / THROUGHPUT
 
 
+def finish_runs(runs: list[tuple[float, SimBatch]], now: float) -> list[tuple[float, SimBatch]]:
+    """Close the shard runs finished by ``now`` (a batch is done with its last one)."""
+    still = []
+    for finish, batch in runs:
+        if finish <= now:
+            batch.running -= 1
+            if not batch.shards_left and batch.running == 0:
+                batch.done_at = finish
+        else:
+            still.append((finish, batch))
+    return still
+
+
 def simulate(trace: list[SimBatch], max_slots: int, ours: bool) -> dict[str, float]:
     batches = [SimBatch(b.name, b.tier, b.arrival, b.requests, list(b.shards_left)) for b in trace]
     running: list[tuple[float, SimBatch]] = []  # (finish time, batch)
@@ -88,16 +101,7 @@ def simulate(trace: list[SimBatch], max_slots: int, ours: bool) -> dict[str, flo
     while now < HORIZON:
         while pending and pending[0].arrival <= now:
             active.append(pending.pop(0))
-        # finish shards
-        still = []
-        for finish, batch in running:
-            if finish <= now:
-                batch.running -= 1
-                if not batch.shards_left and batch.running == 0:
-                    batch.done_at = finish
-            else:
-                still.append((finish, batch))
-        running = still
+        running = finish_runs(running, now)
         active = [b for b in active if b.done_at is None]
         arrived = [b for b in active if b.shards_left]
         if ours:
@@ -199,15 +203,7 @@ def simulate_engines(
     while now < HORIZON:
         while pending and pending[0].arrival <= now:
             active.append(pending.pop(0))
-        still = []
-        for finish, batch in runs:
-            if finish <= now:
-                batch.running -= 1
-                if not batch.shards_left and batch.running == 0:
-                    batch.done_at = finish
-            else:
-                still.append((finish, batch))
-        runs = still
+        runs = finish_runs(runs, now)
         active = [b for b in active if b.done_at is None]
         waiting = [b for b in active if b.shards_left]
         backlog = dict.fromkeys(DRAIN, 0)

@@ -22,7 +22,7 @@ import pytest
 from llmbatch.core.billing import estimate_input_tokens
 from llmbatch.core.ids import batch_object_name
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
-from tests.fixtures.gateway import GatewayProcess, wait_for_key
+from tests.fixtures.gateway import GatewayProcess, gateway_on_operator_store, wait_for_key
 from tests.fixtures.operator import ClusterCLI, OperatorProcess, simulated_pool
 from tests.integration.test_operator import (
     _POOLS,
@@ -44,16 +44,13 @@ def gateway(
     cluster: ClusterCLI, operator_process: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
     """A gateway on the operator's store, with its own key namespace."""
-    proc = GatewayProcess(
+    with gateway_on_operator_store(
         str(cluster.kubeconfig),
         operator_process.store_root,
-        tmp_path_factory.mktemp("credits-gateway") / "gateway.log",
-        gateway_namespace="llmbatch-credits-test",
-    )
-    proc.kubectl("create", "namespace", proc.gateway_namespace, check=False)
-    proc.start()
-    yield proc
-    proc.stop()
+        tmp_path_factory.mktemp("credits-gateway"),
+        "llmbatch-credits-test",
+    ) as proc:
+        yield proc
 
 
 Tenant = tuple[str, openai.OpenAI]

@@ -32,7 +32,12 @@ import pytest
 import yaml
 
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
-from tests.fixtures.gateway import GatewayProcess, free_port, wait_for_key
+from tests.fixtures.gateway import (
+    GatewayProcess,
+    free_port,
+    gateway_on_operator_store,
+    wait_for_key,
+)
 from tests.fixtures.operator import (
     ROOT,
     WORKER_NAMESPACE,
@@ -69,16 +74,13 @@ def gateway(
     cluster: ClusterCLI, operator_process: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
     """A gateway on the operator's store, with its own key namespace."""
-    proc = GatewayProcess(
+    with gateway_on_operator_store(
         str(cluster.kubeconfig),
         operator_process.store_root,
-        tmp_path_factory.mktemp("obs-gateway") / "gateway.log",
-        gateway_namespace="llmbatch-observability-test",
-    )
-    proc.kubectl("create", "namespace", proc.gateway_namespace, check=False)
-    proc.start()
-    yield proc
-    proc.stop()
+        tmp_path_factory.mktemp("obs-gateway"),
+        "llmbatch-observability-test",
+    ) as proc:
+        yield proc
 
 
 class Prometheus:
