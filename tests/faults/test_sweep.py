@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import os
-import pathlib
 import random
 import signal
 import threading
@@ -29,6 +28,7 @@ import pytest
 
 from tests.faults.conftest import MODEL, FaultStack
 from tests.faults.invariants import TERMINAL, check_batch, lines
+from tests.fixtures.cluster import pids_with_environ
 
 ITERATIONS = int(os.environ.get("LLMBATCH_FAULT_ITERATIONS", "6"))
 SEED = int(os.environ.get("LLMBATCH_FAULT_SEED") or random.SystemRandom().randrange(1 << 30))
@@ -110,17 +110,7 @@ def _pids_of_batch(uid: str) -> list[int]:
     from llmbatch.core.ids import shard_job_name
 
     prefix = shard_job_name(uid, 0).rsplit("-", 1)[0].encode()
-    pids = []
-    for proc in pathlib.Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"LLMBATCH_SHARD_JOB=" + prefix in environ:
-            pids.append(int(proc.name))
-    return pids
+    return pids_with_environ(b"LLMBATCH_SHARD_JOB=" + prefix)
 
 
 def crash_fault(rng: random.Random, uid_of: Callable[[], str | None]) -> Fault:

@@ -41,7 +41,7 @@ from tests.fixtures.chart import (
     load_golden,
     render,
 )
-from tests.fixtures.cluster import kubectl, start_cluster
+from tests.fixtures.cluster import kubectl, pids_with_environ, start_cluster
 from tests.fixtures.operator import simulated_pool
 
 WORKERS = "llmbatch-workers"
@@ -382,20 +382,6 @@ def test_upgrade_with_a_batch_in_flight_loses_nothing(install: Install) -> None:
     assert len(ids) == len(set(ids)) == 60
 
 
-def _pids_of_pod(pod: str) -> list[int]:
-    """The processes of a pod's containers (the node agent runs them with HOSTNAME=<pod>)."""
-    marker = b"HOSTNAME=" + pod.encode() + b"\0"
-    pids = []
-    for proc in pathlib.Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if marker in (proc / "environ").read_bytes():
-                    pids.append(int(proc.name))
-            except OSError:
-                continue
-    return pids
-
-
 def _restarts(install: Install, component: str) -> tuple[str, int]:
     (pod,) = install.json(
         "get", "pods", "-n", RELEASE_NAMESPACE, "-l", f"app.kubernetes.io/component={component}"
@@ -414,7 +400,7 @@ def test_killed_operator_and_gateway_containers_restart_and_lose_nothing(
     install.wait_status(name, "in_progress")
     for component in ("operator", "gateway"):
         pod, before = _restarts(install, component)
-        pids = _pids_of_pod(pod)
+        pids = pids_with_environ(b"HOSTNAME=" + pod.encode() + b"\0")
         assert pids, f"no process of {pod}"
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
