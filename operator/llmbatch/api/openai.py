@@ -6,7 +6,7 @@ Shapes follow the official ``openai`` SDK models (``openai.types.Batch``, ``File
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -25,8 +25,27 @@ cancelling → cancelled."""
 
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "expired", "cancelled"})
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
-"""Endpoints a batch may call (the ``/openai/v1/...`` spellings normalise to these)."""
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
+"""Endpoints a batch may call (the ``/openai/v1/...`` spellings normalise to these). The one list:
+the Batch CRD, the shard spec, validation, the gateway's messages and the model catalog use it."""
+
+ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
+"""The values of :data:`Endpoint`, in order."""
+GENERATE_ENDPOINTS: tuple[Endpoint, ...] = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+)
+"""Endpoints a generate model (``runner: generate``) serves."""
+POOLING_ENDPOINTS: tuple[Endpoint, ...] = ("/v1/embeddings",)
+"""Endpoints a pooling model (``runner: pooling``) serves."""
+
+
+def endpoint_list(conjunction: str = "and") -> str:
+    """The endpoints for a message: ``'/v1/chat/completions', ... and '/v1/responses'``."""
+    quoted = [f"'{e}'" for e in ENDPOINTS]
+    return f"{', '.join(quoted[:-1])} {conjunction} {quoted[-1]}"
+
 
 Priority = Literal["standard", "expedited"]
 FilePurpose = Literal["batch", "batch_output"]

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llmbatch.api.openai import Endpoint
+
 EngineName = Literal["vllm", "simulated"]
 
 
@@ -50,7 +52,7 @@ class ShardSpec(BaseModel):
     batch_id: str = Field(description="OpenAI batch id (batch_...), for logs and messages.")
     batch_uid: str = Field(description="Batch uid: result-line ids derive from it.")
     shard_index: int = Field(default=0, ge=0)
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    endpoint: Endpoint = Field(description="The endpoint every request of the shard calls.")
 
     store: str = Field(description="URI of the store results are written to (and read from).")
     input_store: str | None = Field(

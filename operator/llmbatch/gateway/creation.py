@@ -20,10 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import ErrorDetails
 
+from llmbatch.api.openai import endpoint_list
 from llmbatch.api.resources import API_VERSION, BatchSpec, EndpointPath, InlineRequest, Tier
 from llmbatch.core.billing import BatchSize
 from llmbatch.core.tiers import expedited_disabled, tier_of
 from llmbatch.core.validation import (
+    GENERATIVE_ENDPOINTS,
     OUTPUT_TOKEN_FIELDS_OF,
     ErrorCode,
     InvalidLine,
@@ -154,8 +156,7 @@ def _endpoint(raw: str) -> str:
         raise APIError(
             400,
             f"Invalid value for 'endpoint': {raw[:100]!r}. Supported values are: "
-            "'/v1/chat/completions', '/v1/completions' and '/v1/embeddings' "
-            "(or their /openai/v1/... spellings).",
+            f"{endpoint_list()} (or their /openai/v1/... spellings).",
             param="endpoint",
             code="invalid_value",
         )
@@ -268,7 +269,7 @@ def _check_inline(
         # The size of the line the operator will store for it (what its estimate measures).
         line = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": body}
         input_bytes += 1 + len(orjson.dumps(line))
-        if endpoint != "/v1/embeddings":
+        if endpoint in GENERATIVE_ENDPOINTS:
             declared += output_tokens
             without += int(output_tokens == 0)
             if output_tokens == 0 and first_unbounded is None:

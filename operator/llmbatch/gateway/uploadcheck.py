@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from llmbatch.api.openai import endpoint_list
 from llmbatch.core.validation import (
     UTF8_BOM,
     ErrorCode,
@@ -170,7 +171,7 @@ class UploadChecker:
                 InvalidLine(
                     ErrorCode.UNSUPPORTED_ENDPOINT,
                     f"Line {line_no}: url {url[:100]!r} is not a supported endpoint "
-                    "(/v1/chat/completions, /v1/completions, /v1/embeddings, or /openai/v1/...).",
+                    f"({endpoint_list('or')}, or their /openai/v1/... spellings).",
                     line_no,
                     "url",
                 )

@@ -7,6 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StringConstraints
 
+from llmbatch.api.openai import Endpoint
 from llmbatch.api.resources.base import Conditions, CRModel, Pricing
 from llmbatch.api.resources.fields import (
     BillingMode,
@@ -45,7 +46,8 @@ BatchPhase = Literal[
     "cancelled",
 ]
 """The values of :class:`Phase`, as the CRD schema lists them."""
-EndpointPath = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+EndpointPath = Endpoint
+"""The endpoints a batch may call (``llmbatch.api.openai.Endpoint``)."""
 
 
 class InlineRequest(CRModel):

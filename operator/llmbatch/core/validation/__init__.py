@@ -7,14 +7,16 @@ validator also cuts the file into shards: contiguous byte ranges on line boundar
 ``shard_requests`` requests each.
 
 One module per concern: ``errors`` (typed problems), ``limits`` (endpoints and limits),
-``request`` (one line on its own, fast path first), ``shards`` (the plan), ``lines`` (BOM, CRLF,
-blank lines) and ``stream`` (the validator that ties them together).
+``request`` (one line on its own, fast path first), ``responses`` (the /v1/responses body rules),
+``shards`` (the plan), ``lines`` (BOM, CRLF, blank lines) and ``stream`` (the validator that ties
+them together).
 """
 
 from __future__ import annotations
 
 from llmbatch.core.validation.errors import ErrorCode, InvalidLine, UnsupportedEndpoint
 from llmbatch.core.validation.limits import (
+    GENERATIVE_ENDPOINTS,
     OUTPUT_TOKEN_FIELDS,
     OUTPUT_TOKEN_FIELDS_OF,
     SUPPORTED_ENDPOINTS,
@@ -27,6 +29,7 @@ from llmbatch.core.validation.shards import ShardRange
 from llmbatch.core.validation.stream import LineValidator, ValidationResult, validate_stream
 
 __all__ = [
+    "GENERATIVE_ENDPOINTS",
     "OUTPUT_TOKEN_FIELDS",
     "OUTPUT_TOKEN_FIELDS_OF",
     "SUPPORTED_ENDPOINTS",

@@ -33,6 +33,9 @@ class ErrorCode(enum.StrEnum):
     INVALID_OUTPUT_TOKEN_LIMIT = "invalid_output_token_limit"
     UNSUPPORTED_ENDPOINT = "unsupported_endpoint"
     NUMBER_OUT_OF_RANGE = "number_out_of_range"
+    MISSING_INPUT = "missing_input"
+    INVALID_INPUT = "invalid_input"
+    UNSUPPORTED_PARAMETER = "unsupported_parameter"
 
 
 NUMBER_MESSAGE = "Line {line} has a number outside the 64-bit range."

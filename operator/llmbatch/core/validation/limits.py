@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+from llmbatch.api.openai import ENDPOINTS, GENERATE_ENDPOINTS
+
+SUPPORTED_ENDPOINTS: tuple[str, ...] = ENDPOINTS
+"""The endpoints a batch may call: ``llmbatch.api.openai.ENDPOINTS``."""
 OUTPUT_TOKEN_FIELDS: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
 OUTPUT_TOKEN_FIELDS_OF: dict[str, tuple[str, ...]] = {
     "/v1/chat/completions": OUTPUT_TOKEN_FIELDS,
     "/v1/completions": ("max_tokens",),
+    "/v1/responses": ("max_output_tokens",),
 }
 """The body fields that bound a request's output tokens, per endpoint (completions has no
 max_completion_tokens: vLLM would ignore it and stop at its own 16-token default)."""
-GENERATIVE_ENDPOINTS = frozenset(OUTPUT_TOKEN_FIELDS_OF)
-"""Endpoints whose requests generate tokens, so an output-token limit means something."""
+GENERATIVE_ENDPOINTS = frozenset(GENERATE_ENDPOINTS)
+"""Endpoints whose requests generate tokens, so an output-token limit means something (each has
+its fields in :data:`OUTPUT_TOKEN_FIELDS_OF`)."""
 
 
 def normalize_endpoint(url: str) -> str | None:

@@ -11,6 +11,7 @@ from llmbatch.core.validation.limits import (
     ValidationLimits,
     normalize_endpoint,
 )
+from llmbatch.core.validation.responses import RESPONSES, responses_body_problems
 
 _NUMBER_LIMIT = float(2**63)
 _COMPLETIONS = "/v1/completions"
@@ -69,8 +70,10 @@ def check_request(
     url = obj.get("url")
     body = obj.get("body")
     # Fast path for the usual, valid line; anything unusual takes the full checks below.
+    # /v1/responses bodies have rules of their own (input, stateful fields): always the full path.
     if (
-        type(custom_id) is str
+        endpoint != RESPONSES
+        and type(custom_id) is str
         and 0 < len(custom_id) <= limits.max_custom_id_length
         and (url == endpoint or url == "/openai" + endpoint)
         and obj.get("method") == "POST"
@@ -134,7 +137,8 @@ def _envelope_problems(
 def _body_problems(
     body: dict[str, Any], endpoint: str, limits: ValidationLimits, line: int | None
 ) -> tuple[list[InvalidLine], str | None, int]:
-    """The request body: its model, no streaming, and the output-token limits it declares."""
+    """The request body: its model, no streaming, the endpoint's own rules (``responses``) and
+    the output-token limits it declares."""
     problems: list[InvalidLine] = []
     model: str | None = None
     raw_model = body.get("model")
@@ -146,6 +150,8 @@ def _body_problems(
     if body.get("stream") is True:
         msg = "Streaming is not supported in a batch (body.stream must not be true)."
         problems.append(InvalidLine(ErrorCode.STREAM_NOT_SUPPORTED, msg, line, "body.stream"))
+    if endpoint == RESPONSES:
+        problems += responses_body_problems(body, line)
     output_tokens = 0
     if endpoint in GENERATIVE_ENDPOINTS:
         limit_problems, output_tokens = _output_limit_problems(body, endpoint, limits, line)

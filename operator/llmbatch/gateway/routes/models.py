@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from pydantic import ValidationError as PydanticValidationError
 
+from llmbatch.api.openai import GENERATE_ENDPOINTS, POOLING_ENDPOINTS
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.core.admission import max_requests
 from llmbatch.gateway.deps import GW, Reader
@@ -62,11 +63,7 @@ def _entry(
 ) -> dict[str, Any]:
     """A model's catalog entry, from the first pool (by name) serving it."""
     tiers = _tiers(spec)
-    endpoints = (
-        ["/v1/embeddings"]
-        if model.get("runner") == "pooling"
-        else ["/v1/chat/completions", "/v1/completions"]
-    )
+    endpoints = list(POOLING_ENDPOINTS if model.get("runner") == "pooling" else GENERATE_ENDPOINTS)
     return {
         "id": model_id,
         "object": "model",
