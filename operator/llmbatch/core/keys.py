@@ -50,3 +50,33 @@ def shard_prefix(namespace: str, batch_uid: str, shard_index: int) -> str:
 def shard_spec_key(namespace: str, batch_uid: str, shard_index: int) -> str:
     """The shard spec the executor pod reads."""
     return f"{shard_prefix(namespace, batch_uid, shard_index)}/spec.json"
+
+
+def shard_lease_key(shard_output_prefix: str) -> str:
+    """The lease (fencing token) beside a shard's results: only its holder commits chunks."""
+    return f"{shard_output_prefix}/lease.json"
+
+
+def slot_prefix(pool: str, slot: str) -> str:
+    """The channel of one warm slot: its assignments, heartbeat and drain request."""
+    return f"slots/{pool}/{slot}"
+
+
+def slot_assignments_prefix(channel_prefix: str) -> str:
+    """Where the operator writes one object per shard the slot should run."""
+    return f"{channel_prefix}/assignments/"
+
+
+def slot_assignment_key(channel_prefix: str, assignment_key: str) -> str:
+    """One assignment object (``assignment_key`` is ``<batch-uid>-<shard index>``)."""
+    return f"{slot_assignments_prefix(channel_prefix)}{assignment_key}.json"
+
+
+def slot_heartbeat_key(channel_prefix: str) -> str:
+    """The slot's heartbeat, rewritten every few seconds; a new ``seq`` renews its leases."""
+    return f"{channel_prefix}/heartbeat.json"
+
+
+def slot_drain_key(channel_prefix: str) -> str:
+    """Present when the operator asks the slot to finish its shards and exit."""
+    return f"{channel_prefix}/drain"

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -25,12 +27,15 @@ from llmbatch.executor.exitcodes import (
     write_termination_message,
 )
 from llmbatch.executor.runner import Outcome, ShardRunner
-from llmbatch.executor.spec import load_spec
+from llmbatch.executor.slot import FixedAssignments, Slot, SlotSettings
+from llmbatch.executor.spec import load_slot_spec, load_spec
 from llmbatch.storage import open_store
 from llmbatch.storage.base import InvalidKey, ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger("llmbatch.executor")
 SHARD_SPEC_ENV = "LLMBATCH_SHARD_SPEC"
+SLOT_SPEC_ENV = "LLMBATCH_SLOT_SPEC"
+T = TypeVar("T")
 _ENGINE_CLOSE_TIMEOUT = 30.0
 
 
@@ -52,29 +57,12 @@ def open_stores(spec: ShardSpec) -> tuple[ObjectStore, ObjectStore]:
     return store, input_store
 
 
-async def run_shards(
-    specs: Sequence[ShardSpec],
-    engine: Engine,
-    stores: Sequence[tuple[ObjectStore, ObjectStore]],
-    *,
-    handle_signals: bool = True,
-    on_runners: object = None,
-) -> tuple[Outcome, list[ShardRunner]]:
-    """Run shards concurrently on one started engine; the worst outcome wins."""
-    runners = [
-        ShardRunner(spec, engine, store, input_store)
-        for spec, (store, input_store) in zip(specs, stores, strict=True)
-    ]
-    if callable(on_runners):
-        on_runners(runners)
+@contextlib.contextmanager
+def stop_on_signals(stop: Callable[[], None], enabled: bool = True) -> Iterator[None]:
+    """Call ``stop`` on SIGTERM / SIGINT while the block runs (when ``enabled``)."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
-    if handle_signals:
-
-        def stop() -> None:
-            for runner in runners:
-                runner.request_stop()
-
+    if enabled:
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, stop)
@@ -82,14 +70,79 @@ async def run_shards(
             except (NotImplementedError, RuntimeError):
                 pass
     try:
-        outcomes = await asyncio.gather(*(runner.run() for runner in runners))
+        yield
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-    for worst in (Outcome.ENGINE_FAILED, Outcome.STORE_FAILED, Outcome.PREEMPTED):
-        if worst in outcomes:
-            return worst, runners
-    return Outcome.DONE, runners
+
+
+async def run_shards(
+    specs: Sequence[ShardSpec],
+    engine: Engine,
+    stores: Sequence[tuple[ObjectStore, ObjectStore]],
+    *,
+    handle_signals: bool = True,
+    on_runners: Callable[[list[ShardRunner]], object] | None = None,
+) -> tuple[Outcome, list[ShardRunner]]:
+    """Run shards concurrently on one started engine (a slot with a fixed list of shards);
+    the worst outcome wins."""
+    by_key = {
+        (spec.batch_uid, spec.shard_index): pair for spec, pair in zip(specs, stores, strict=True)
+    }
+    slot = Slot(
+        engine,
+        FixedAssignments(specs),
+        lambda spec: by_key[(spec.batch_uid, spec.shard_index)],
+        SlotSettings(concurrency=max(1, len(specs))),
+        on_runner=None if on_runners is None else lambda runner: on_runners([runner]),
+    )
+    with stop_on_signals(slot.request_stop, handle_signals):
+        outcome = await slot.run()
+    return outcome, slot.runners
+
+
+async def start_engine(engine: Engine, while_loading: Callable[[], Awaitable[None]] | None) -> bool:
+    """Load the model; True when SIGTERM arrived meanwhile (stop before taking work).
+
+    ``while_loading`` runs until the engine is up (a slot's "starting" heartbeats).
+    """
+    early_stop = asyncio.Event()
+    side = None if while_loading is None else asyncio.ensure_future(while_loading())
+    started = time.monotonic()
+    try:
+        with stop_on_signals(early_stop.set):
+            await engine.start()
+    except EngineConfigError as exc:
+        raise ShardFailure(ExitCode.BAD_CONFIG, str(exc)) from exc
+    except Exception as exc:
+        raise ShardFailure(
+            ExitCode.ENGINE_FAILED, f"engine failed to start: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        if side is not None:
+            side.cancel()
+            await asyncio.gather(side, return_exceptions=True)
+    log.info("engine %s ready in %.1f s", engine.name, time.monotonic() - started)
+    return early_stop.is_set()
+
+
+async def close_engine(engine: Engine) -> None:
+    try:
+        await asyncio.wait_for(engine.close(), _ENGINE_CLOSE_TIMEOUT)
+    except Exception:
+        log.exception("engine close failed")
+
+
+def exit_code(outcome: Outcome, message: str | None) -> ExitCode:
+    """The process exit of a run's worst outcome (raises ShardFailure for a failure)."""
+    failures = {
+        Outcome.ENGINE_FAILED: ExitCode.ENGINE_FAILED,
+        Outcome.STORE_FAILED: ExitCode.STORE_FAILED,
+        Outcome.PREEMPTED: ExitCode.PREEMPTED,
+    }
+    if outcome in failures:
+        raise ShardFailure(failures[outcome], message or outcome.value.replace("_", " "))
+    return ExitCode.DONE
 
 
 async def _execute(spec: ShardSpec) -> ExitCode:
@@ -100,63 +153,70 @@ async def _execute(spec: ShardSpec) -> ExitCode:
         engine = create_engine(spec.engine, spec.model, spec.served_names())
     except EngineConfigError as exc:
         raise ShardFailure(ExitCode.BAD_CONFIG, str(exc)) from exc
-
-    # SIGTERM while the model loads: finish loading, then stop before taking work.
-    early_stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, early_stop.set)
-    started = time.monotonic()
     try:
-        await engine.start()
-    except EngineConfigError as exc:
-        raise ShardFailure(ExitCode.BAD_CONFIG, str(exc)) from exc
-    except Exception as exc:
-        raise ShardFailure(
-            ExitCode.ENGINE_FAILED, f"engine failed to start: {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-    log.info("engine %s ready in %.1f s", engine.name, time.monotonic() - started)
-    try:
-        if early_stop.is_set():
+        if await start_engine(engine, None):
             raise ShardFailure(ExitCode.PREEMPTED, "preempted before any work started")
         outcome, runners = await run_shards([spec], engine, [stores])
     finally:
-        try:
-            await asyncio.wait_for(engine.close(), _ENGINE_CLOSE_TIMEOUT)
-        except Exception:
-            log.exception("engine close failed")
-    runner = runners[0]
-    s = runner.stats
-    log.info(
-        "shard %s %s: completed=%d failed=%d skipped=%d output_tokens=%d",
-        spec.shard_index,
-        outcome.value,
-        s.completed,
-        s.failed,
-        s.skipped,
-        s.output_tokens,
-    )
-    if outcome is Outcome.ENGINE_FAILED:
-        raise ShardFailure(ExitCode.ENGINE_FAILED, runner.message or "engine failed")
-    if outcome is Outcome.STORE_FAILED:
-        raise ShardFailure(ExitCode.STORE_FAILED, runner.message or "store failed")
-    if outcome is Outcome.PREEMPTED:
-        raise ShardFailure(ExitCode.PREEMPTED, runner.message or "preempted")
-    return ExitCode.DONE
+        await close_engine(engine)
+    runner = runners[0] if runners else None
+    if runner is not None:
+        s = runner.stats
+        log.info(
+            "shard %s %s: completed=%d failed=%d skipped=%d output_tokens=%d",
+            spec.shard_index,
+            outcome.value,
+            s.completed,
+            s.failed,
+            s.skipped,
+            s.output_tokens,
+        )
+    return exit_code(outcome, runner.message if runner is not None else None)
+
+
+def _load(load: Callable[[str], T], source: str, what: str) -> T:
+    """A spec, or the ShardFailure that says why it cannot be used."""
+    try:
+        return load(source)
+    except (ObjectNotFound, InvalidKey) as exc:
+        raise ShardFailure(ExitCode.BAD_CONFIG, f"bad {what}: {exc}") from exc
+    except StoreError as exc:
+        # The store is unreachable or failing: the Job retries (never a FailJob exit).
+        raise ShardFailure(ExitCode.STORE_FAILED, f"{what} unreadable: {exc}") from exc
+    except (ValueError, ValidationError, OSError) as exc:
+        raise ShardFailure(ExitCode.BAD_CONFIG, f"bad {what}: {exc}") from exc
+
+
+def _run(args: argparse.Namespace) -> ExitCode:
+    if args.slot:
+        from llmbatch.executor.slotprocess import execute_slot
+
+        slot_spec = _load(load_slot_spec, args.slot, "slot spec")
+        logs.bind_context(slot=slot_spec.slot)
+        return asyncio.run(execute_slot(slot_spec))
+    if not args.shard_spec:
+        raise ShardFailure(ExitCode.BAD_CONFIG, "no shard spec (--shard-spec) or slot (--slot)")
+    spec = _load(load_spec, args.shard_spec, "shard spec")
+    logs.bind_context(batch_id=spec.batch_id, shard=spec.shard_index)
+    return asyncio.run(_execute(spec))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m llmbatch.executor", description="Run one shard of a batch."
+        prog="python -m llmbatch.executor",
+        description="Run one shard of a batch, or a warm slot that runs the shards it is assigned.",
     )
     parser.add_argument(
         "--shard-spec",
         default=os.environ.get(SHARD_SPEC_ENV),
         help="JSON file, inline JSON, '-' (stdin) or '<store-uri>#<key>' "
         f"(default: ${SHARD_SPEC_ENV})",
+    )
+    parser.add_argument(
+        "--slot",
+        default=os.environ.get(SLOT_SPEC_ENV),
+        help="Run as a warm slot: its SlotSpec, from the same kinds of source "
+        f"(default: ${SLOT_SPEC_ENV})",
     )
     parser.add_argument(
         "--termination-log",
@@ -171,19 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code: ExitCode
     message: str | None = None
     try:
-        if not args.shard_spec:
-            raise ShardFailure(ExitCode.BAD_CONFIG, "no shard spec (--shard-spec)")
-        try:
-            spec = load_spec(args.shard_spec)
-            logs.bind_context(batch_id=spec.batch_id, shard=spec.shard_index)
-        except (ObjectNotFound, InvalidKey) as exc:
-            raise ShardFailure(ExitCode.BAD_CONFIG, f"bad shard spec: {exc}") from exc
-        except StoreError as exc:
-            # The store is unreachable or failing: the Job retries (never a FailJob exit).
-            raise ShardFailure(ExitCode.STORE_FAILED, f"shard spec unreadable: {exc}") from exc
-        except (ValueError, ValidationError, OSError) as exc:
-            raise ShardFailure(ExitCode.BAD_CONFIG, f"bad shard spec: {exc}") from exc
-        code = asyncio.run(_execute(spec))
+        code = _run(args)
     except ShardFailure as exc:
         code, message = exc.code, exc.message
     except StoreError as exc:

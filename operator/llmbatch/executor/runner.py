@@ -27,6 +27,7 @@ from llmbatch.executor.engines.base import (
 )
 from llmbatch.storage.base import ObjectStore, StoreError
 from llmbatch.storage.shardresults import CommitFailed, ResultLine, ShardResults, result_line
+from llmbatch.storage.slotchannel import LeaseFence
 
 log = logging.getLogger("llmbatch.executor")
 
@@ -40,6 +41,9 @@ class Outcome(enum.Enum):
     STORE_FAILED = "store_failed"
     """Results could not be committed within the retry window: the run ends so the Job retries
     and the next run resumes from the committed chunks."""
+    LEASE_LOST = "lease_lost"
+    """The shard's lease went to another slot (ours lapsed): stop, commit nothing more; the new
+    holder resumes from the committed chunks."""
 
 
 class RunnerCrashed(RuntimeError):
@@ -58,6 +62,9 @@ class ShardStats:
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
+    request_seconds: float = 0.0
+    """Sum of the requests' time in the engine (this run): the shard's share of a slot's busy
+    time."""
 
 
 class ShardRunner:
@@ -69,8 +76,11 @@ class ShardRunner:
         engine: Engine,
         store: ObjectStore,
         input_store: ObjectStore | None = None,
+        *,
+        fence: LeaseFence | None = None,
     ) -> None:
         self.spec = spec
+        self.fence = fence
         self.engine = engine
         self.store = store
         self.input_store = input_store or store
@@ -84,6 +94,7 @@ class ShardRunner:
         self._engine_failure: str | None = None
         self._store_failure: str | None = None
         self._crash: BaseException | None = None
+        self._lease_lost: str | None = None
         self._cond: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._commit_tasks: set[asyncio.Task[None]] = set()
@@ -146,6 +157,7 @@ class ShardRunner:
             or self._engine_failure is not None
             or self._store_failure is not None
             or self._crash is not None
+            or self._lease_lost is not None
         )
 
     # --- main ------------------------------------------------------------------------------------
@@ -155,6 +167,8 @@ class ShardRunner:
         self._commit_lock = asyncio.Lock()
         await asyncio.to_thread(self.results.recover)
         self._sync_stats()
+        if await self._fenced_out():
+            return self._end_lease_lost()
         await asyncio.to_thread(self.results.write_progress, state="running", done=False)
         background = [
             asyncio.create_task(self._flush_timer()),
@@ -174,6 +188,8 @@ class ShardRunner:
         await self._commit()
         if self._crash is not None:
             raise RunnerCrashed(f"{type(self._crash).__name__}: {self._crash}") from self._crash
+        if self._lease_lost is not None:
+            return self._end_lease_lost()
         if self._store_failure is not None:
             return await self._end_store_failed()
         # A stop request wins over an engine failure that follows it (Ctrl-C reaches the engine
@@ -198,6 +214,22 @@ class ShardRunner:
         )
         self._sync_stats()
         return outcome
+
+    def _end_lease_lost(self) -> Outcome:
+        """Another slot holds the shard now: its progress record is the new holder's to write."""
+        self.message = f"lease lost: {self._lease_lost}"
+        log.warning("shard %s: %s", self.spec.shard_index, self.message)
+        return Outcome.LEASE_LOST
+
+    async def _fenced_out(self) -> bool:
+        """Check the lease (when the shard runs under one); a lost lease halts the run."""
+        if self.fence is None or self._lease_lost is not None:
+            return self._lease_lost is not None
+        lost = await asyncio.to_thread(self.fence.lost)
+        if lost is not None:
+            self._lease_lost = lost
+            self._wake()
+        return lost is not None
 
     async def _end_store_failed(self) -> Outcome:
         """Never report ``done`` with results uncommitted: say why (best effort, the store is
@@ -242,7 +274,11 @@ class ShardRunner:
     async def _drain(self) -> None:
         """Wait for in-flight requests: all of them normally, a grace period when stopping."""
         while self._tasks:
-            if self._engine_failure is not None or self._store_failure is not None:
+            if (
+                self._engine_failure is not None
+                or self._store_failure is not None
+                or self._lease_lost is not None
+            ):
                 break
             timeout = self.spec.drain_seconds if self._stopping else 1.0
             _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
@@ -258,6 +294,7 @@ class ShardRunner:
 
     async def _run_one(self, request: EngineRequest) -> None:
         try:
+            started = time.monotonic()
             try:
                 result = await self.engine.handle(request)
             except EngineDead as exc:
@@ -280,6 +317,7 @@ class ShardRunner:
                     self._fail_engine(dead)
                     return
             self._last_result = time.monotonic()
+            self.stats.request_seconds += self._last_result - started
             self._record(self._line(request.custom_id, result))
         finally:
             self.stats.in_flight -= 1
@@ -310,7 +348,11 @@ class ShardRunner:
     async def _commit(self) -> None:
         """Commit the pending results as chunks; a failed write keeps them pending and is
         retried with backoff for ``store_retry_seconds``, then the run is halted with
-        STORE_FAILED (never a dropped result, never ``done`` with results uncommitted)."""
+        STORE_FAILED (never a dropped result, never ``done`` with results uncommitted).
+
+        Under a lease, each commit first checks that the lease is still ours: once another
+        slot holds the shard nothing more is written (the new holder re-runs what is not
+        committed)."""
         assert self._commit_lock is not None
         async with self._commit_lock:
             delay = 0.25
@@ -318,16 +360,19 @@ class ShardRunner:
             while self.results.pending_count:
                 self._last_commit = time.monotonic()
                 try:
+                    if await self._fenced_out():
+                        return
                     await self._commit_once()
                     return
                 except CommitFailed as exc:
                     self.results.restore(exc.unwritten)
-                    if self._store_failure is not None or time.monotonic() >= deadline:
-                        self._fail_store(str(exc.cause))
-                        return
-                    log.warning(
-                        "shard %s: %s; retrying in %.2f s", self.spec.shard_index, exc, delay
-                    )
+                    error: Exception = exc
+                except StoreError as exc:  # the lease could not be read: retried the same way
+                    error = exc
+                if self._store_failure is not None or time.monotonic() >= deadline:
+                    self._fail_store(str(error.cause if isinstance(error, CommitFailed) else error))
+                    return
+                log.warning("shard %s: %s; retrying in %.2f s", self.spec.shard_index, error, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

@@ -1,4 +1,4 @@
-"""Loading the shard spec (the models live in :mod:`llmbatch.api.shard`)."""
+"""Loading the shard and slot specs (the models live in :mod:`llmbatch.api`)."""
 
 from __future__ import annotations
 
@@ -6,26 +6,34 @@ import sys
 from pathlib import Path
 
 from llmbatch.api.shard import ShardSpec
+from llmbatch.api.slot import SlotSpec
 
 
-def load_spec(source: str) -> ShardSpec:
-    """Read a spec from a file, inline JSON, stdin (``-``) or ``<store-uri>#<key>``.
-
-    Raises ValueError (or pydantic's ValidationError) for a spec that cannot be used.
-    """
-    text: str | bytes
+def _read(source: str, what: str) -> str | bytes:
+    """The text of a spec given as a file, inline JSON, stdin (``-``) or ``<store-uri>#<key>``."""
     if source.lstrip().startswith("{"):
-        text = source
-    elif source == "-":
-        text = sys.stdin.read()
-    elif "#" in source and "://" in source:
+        return source
+    if source == "-":
+        return sys.stdin.read()
+    if "#" in source and "://" in source:
         from llmbatch.storage import open_store
 
         uri, key = source.rsplit("#", 1)
-        text = open_store(uri).get(key)
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(f"shard spec not found: {source}")
-        text = path.read_bytes()
-    return ShardSpec.model_validate_json(text)
+        return open_store(uri).get(key)
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"{what} not found: {source}")
+    return path.read_bytes()
+
+
+def load_spec(source: str) -> ShardSpec:
+    """Read a shard spec from a file, inline JSON, stdin (``-``) or ``<store-uri>#<key>``.
+
+    Raises ValueError (or pydantic's ValidationError) for a spec that cannot be used.
+    """
+    return ShardSpec.model_validate_json(_read(source, "shard spec"))
+
+
+def load_slot_spec(source: str) -> SlotSpec:
+    """Read a slot spec from the same kinds of source as :func:`load_spec`."""
+    return SlotSpec.model_validate_json(_read(source, "slot spec"))

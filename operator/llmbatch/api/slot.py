@@ -1,0 +1,134 @@
+"""The slot channel: how the operator hands shards to a warm slot and how the slot answers.
+
+A slot is one long-lived executor process holding a pool's model. The operator writes, in the
+object store, one :class:`Assignment` per shard the slot should run and a :class:`ShardLease`
+beside each shard's results; the slot writes its :class:`SlotHeartbeat`. Every message is a
+whole object replaced in place (idempotent): re-reading it, or writing it twice, changes
+nothing. The executor never needs a Kubernetes client (docs/architecture.md, "Warm slots").
+
+Keys (``llmbatch.core.keys``): ``slots/<pool>/<slot>/assignments/<batch-uid>-<shard>.json``,
+``slots/<pool>/<slot>/heartbeat.json``, ``slots/<pool>/<slot>/drain`` and
+``<shard prefix>/lease.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
+
+ShardState = Literal["running", "done", "preempted", "engine_failed", "store_failed", "lease_lost"]
+
+
+class SlotSpec(BaseModel):
+    """Everything a slot process needs before its first assignment (``--slot SOURCE``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pool: str = Field(description="The BatchPool this slot serves.")
+    slot: str = Field(description="The slot's name (its Job's name); unique in the pool.")
+    store: str = Field(description="URI of the store that carries the slot channel.")
+    channel_prefix: str = Field(description="Key prefix of this slot's channel (no trailing `/`).")
+    model: ModelRef
+    engine: EngineSpec
+    concurrency: int = Field(
+        default=1, ge=1, description="Shards run at once on the one engine (spec.slotConcurrency)."
+    )
+    idle_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="Exit after this long with nothing assigned; 0: exit as soon as the slot "
+        "has run its assignments and nothing new is assigned (the cold, one-shard slot).",
+    )
+    heartbeat_seconds: float = Field(
+        default=5.0, gt=0, description="How often the slot renews its leases (its heartbeat)."
+    )
+    poll_seconds: float = Field(
+        default=1.0, gt=0, description="How often the slot looks for new or revoked assignments."
+    )
+
+
+class ShardLease(BaseModel):
+    """Who may write a shard's results: the fencing token, written by the operator only.
+
+    The operator raises ``generation`` before it gives a shard to another slot; a runner checks
+    the lease before each chunk commit and stops when the generation is no longer its own, so
+    two runners never both go on writing one shard.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int = Field(ge=1, description="Raised on every new grant of the shard.")
+    slot: str = Field(description="The slot holding the lease.")
+    granted_at: float = Field(description="Unix seconds of the grant (operator clock).")
+
+
+class Assignment(BaseModel):
+    """One shard given to one slot under one lease generation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shard: ShardSpec
+    lease_key: str | None = Field(
+        default=None,
+        description="Key of the shard's ShardLease object; None only for a shard run outside "
+        "a pool (`llmbatch run`, `--shard-spec`), which nothing else can hold.",
+    )
+    generation: int = Field(
+        default=0, ge=0, description="The lease generation this assignment runs under."
+    )
+    assigned_at: float = Field(default=0.0, description="Unix seconds (operator clock).")
+
+    @property
+    def key(self) -> str:
+        """The assignment's name in the channel: ``<batch-uid>-<shard index>``."""
+        return f"{self.shard.batch_uid}-{self.shard.shard_index:05d}"
+
+
+class ShardReport(BaseModel):
+    """What the slot says of one assignment in its heartbeat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    generation: int
+    state: ShardState
+    completed: int = 0
+    failed: int = 0
+    request_seconds: float = Field(
+        default=0.0,
+        description="Sum over the shard's requests of their time in the engine: the shard's "
+        "weight when the slot's busy time is shared out (docs/billing.md).",
+    )
+    message: str | None = None
+
+
+class SlotHeartbeat(BaseModel):
+    """The slot's state, rewritten every ``heartbeat_seconds``; a new ``seq`` renews its leases.
+
+    The operator times liveness by its own clock (when it last saw ``seq`` change), so clock
+    skew between nodes cannot expire or extend a lease.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    slot: str
+    seq: int = Field(
+        ge=0,
+        description="Raised on every write (wall-clock milliseconds, so a restarted slot "
+        "process never repeats one).",
+    )
+    state: Literal["starting", "ready", "draining", "exited"]
+    engine_starts: int = Field(default=0, ge=0)
+    started_at: float = Field(description="Unix seconds the process started (slot clock).")
+    ready_at: float | None = Field(default=None, description="When the engine was loaded.")
+    busy_seconds: float = Field(
+        default=0.0, description="Time with at least one request in the engine since start."
+    )
+    idle_seconds: float = Field(
+        default=0.0, description="Time since ready with no request in the engine."
+    )
+    shards: list[ShardReport] = Field(default_factory=list)
+    exit_code: int | None = None

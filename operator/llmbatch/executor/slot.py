@@ -1,0 +1,342 @@
+"""A slot: one started engine running the shards it is assigned, several at once.
+
+The same loop serves every way the executor runs. A warm pool slot reads its assignments from
+the slot channel in the store (:class:`ChannelAssignments`), renews its leases with a heartbeat
+and exits after ``idle_seconds`` with nothing to run or when asked to drain. ``--shard-spec``
+and ``llmbatch run`` are the degenerate case: a fixed list of shards without leases
+(:class:`FixedAssignments`); the slot exits once they have all ended.
+
+A shard's assignment taken back (revoked, or re-granted under a newer lease generation) means
+"stop feeding it, commit what finished"; a runner whose lease was given to another slot stops
+without committing more (:class:`~llmbatch.storage.slotchannel.LeaseFence`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llmbatch.api.shard import ShardSpec
+from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat
+from llmbatch.executor.engines.base import Engine, EngineRequest, EngineResult
+from llmbatch.executor.runner import Outcome, ShardRunner
+from llmbatch.storage.base import ObjectStore, StoreError
+from llmbatch.storage.slotchannel import LeaseFence, SlotChannel
+
+log = logging.getLogger("llmbatch.executor")
+
+#: Worst first: the slot's exit reflects the worst shard outcome it saw.
+_SEVERITY = (Outcome.ENGINE_FAILED, Outcome.STORE_FAILED, Outcome.PREEMPTED)
+OpenStores = Callable[[ShardSpec], tuple[ObjectStore, ObjectStore]]
+
+
+class AssignmentSource(Protocol):
+    """Where a slot's work comes from and where it reports."""
+
+    fixed: bool
+    """True when the list of shards never changes (the slot ends once they have all ended)."""
+
+    async def current(self) -> dict[str, Assignment]:
+        """The shards assigned now, by assignment key."""
+        ...
+
+    async def drain_requested(self) -> bool: ...
+
+    async def report(self, heartbeat: SlotHeartbeat) -> None: ...
+
+
+@dataclass
+class FixedAssignments:
+    """A fixed list of shards without leases: ``--shard-spec`` and ``llmbatch run``."""
+
+    specs: Sequence[ShardSpec]
+    fixed: bool = True
+
+    async def current(self) -> dict[str, Assignment]:
+        assignments = (Assignment(shard=spec) for spec in self.specs)
+        return {a.key: a for a in assignments}
+
+    async def drain_requested(self) -> bool:
+        return False
+
+    async def report(self, heartbeat: SlotHeartbeat) -> None:
+        return None
+
+
+@dataclass
+class ChannelAssignments:
+    """A pool slot's channel in the object store (written by the operator)."""
+
+    channel: SlotChannel
+    fixed: bool = False
+
+    async def current(self) -> dict[str, Assignment]:
+        return await asyncio.to_thread(self.channel.assignments)
+
+    async def drain_requested(self) -> bool:
+        return await asyncio.to_thread(self.channel.drain_requested)
+
+    async def report(self, heartbeat: SlotHeartbeat) -> None:
+        await asyncio.to_thread(self.channel.write_heartbeat, heartbeat)
+
+
+class MeteredEngine(Engine):
+    """The slot's engine, timing when at least one request is inside it (busy time)."""
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner = engine
+        self.name = engine.name
+        self.clock = clock
+        self.in_engine = 0
+        self._busy = 0.0
+        self._busy_since = 0.0
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.inner.max_num_seqs
+
+    def busy_seconds(self) -> float:
+        now = self.clock()
+        return self._busy + (now - self._busy_since if self.in_engine else 0.0)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def handle(self, request: EngineRequest) -> EngineResult:
+        if self.in_engine == 0:
+            self._busy_since = self.clock()
+        self.in_engine += 1
+        try:
+            return await self.inner.handle(request)
+        finally:
+            self.in_engine -= 1
+            if self.in_engine == 0:
+                self._busy += self.clock() - self._busy_since
+
+    def dead_reason(self) -> str | None:
+        return self.inner.dead_reason()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@dataclass
+class _Run:
+    assignment: Assignment
+    runner: ShardRunner
+    task: asyncio.Task[Outcome]
+    revoked: bool = False
+
+
+_STATE: dict[Outcome, ShardState] = {
+    Outcome.DONE: "done",
+    Outcome.PREEMPTED: "preempted",
+    Outcome.ENGINE_FAILED: "engine_failed",
+    Outcome.STORE_FAILED: "store_failed",
+    Outcome.LEASE_LOST: "lease_lost",
+}
+
+
+@dataclass
+class SlotSettings:
+    """How the slot loop paces itself (from the SlotSpec, or fixed for one-shot runs)."""
+
+    name: str = "local"
+    concurrency: int = 1
+    idle_seconds: float = 0.0
+    heartbeat_seconds: float = 5.0
+    poll_seconds: float = 1.0
+
+
+@dataclass
+class Slot:
+    """Runs assigned shards on one started engine until idle, drained, stopped or broken."""
+
+    engine: Engine
+    source: AssignmentSource
+    open_stores: OpenStores
+    settings: SlotSettings = field(default_factory=SlotSettings)
+    on_runner: Callable[[ShardRunner], object] | None = None
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    process_started_at: float | None = None
+    """Unix seconds the process started (before the engine loaded); default: now."""
+    runners: list[ShardRunner] = field(default_factory=list, init=False)
+    reports: dict[str, ShardReport] = field(default_factory=dict, init=False)
+    _running: dict[str, _Run] = field(default_factory=dict, init=False)
+    _stopping: bool = field(default=False, init=False)
+    _draining: bool = field(default=False, init=False)
+    _seq: int = field(default=0, init=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def __post_init__(self) -> None:
+        self.metered = MeteredEngine(self.engine, self.clock)
+        self.ready_at_wall = self.wall()  # the slot is built once its engine is loaded
+        self.started_at = self.process_started_at or self.ready_at_wall
+        self.ready_at = self.clock()
+        self._idle_since = self.clock()
+        self._last_heartbeat = -float("inf")
+        self.outcomes: list[Outcome] = []
+
+    def request_stop(self) -> None:
+        """SIGTERM: stop feeding every shard, commit, exit (the shards go back to the queue)."""
+        self._stopping = True
+        for run in self._running.values():
+            run.runner.request_stop()
+        self._wake.set()
+
+    async def run(self) -> Outcome:
+        """The loop; returns the worst outcome of the shards it ran (DONE when none failed)."""
+        while True:
+            assigned = await self._poll()
+            self._take_back(assigned)
+            self._start(assigned)
+            await self._heartbeat()
+            if self._finished(assigned):
+                break
+            self._wake.clear()
+            tasks = [run.task for run in self._running.values()]
+            waiters = [asyncio.ensure_future(self._wake.wait()), *tasks]
+            await asyncio.wait(
+                waiters, timeout=self.settings.poll_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+            waiters[0].cancel()
+            self._reap()
+        await self._heartbeat(final=True)
+        return next((o for o in _SEVERITY if o in self.outcomes), Outcome.DONE)
+
+    async def _poll(self) -> dict[str, Assignment]:
+        try:
+            assigned = await self.source.current()
+            if not self._draining and await self.source.drain_requested():
+                log.info("slot %s: drain requested", self.settings.name)
+                self._draining = True
+        except StoreError as exc:  # the channel is unreachable: keep running what we have
+            log.warning("slot %s: assignments unreadable: %s", self.settings.name, exc)
+            return {key: run.assignment for key, run in self._running.items()}
+        for key in [k for k in self.reports if k not in assigned and k not in self._running]:
+            del self.reports[key]  # the operator took note and removed the assignment
+        return assigned
+
+    def _take_back(self, assigned: dict[str, Assignment]) -> None:
+        """Stop feeding shards that were revoked or re-granted under a newer generation."""
+        for key, run in self._running.items():
+            now = assigned.get(key)
+            if not run.revoked and (now is None or now.generation != run.assignment.generation):
+                log.info("slot %s: shard %s taken back", self.settings.name, key)
+                run.revoked = True
+                run.runner.request_stop()
+
+    def _start(self, assigned: dict[str, Assignment]) -> None:
+        if self._stopping or self._draining or self._engine_failed():
+            return
+        for key, assignment in sorted(assigned.items(), key=lambda kv: kv[1].assigned_at):
+            if len(self._running) >= self.settings.concurrency:
+                return
+            if key in self._running or self._ended(key, assignment):
+                continue
+            self._launch(key, assignment)
+
+    def _ended(self, key: str, assignment: Assignment) -> bool:
+        report = self.reports.get(key)
+        return report is not None and report.generation == assignment.generation
+
+    def _launch(self, key: str, assignment: Assignment) -> None:
+        spec = assignment.shard
+        store, input_store = self.open_stores(spec)
+        fence = None
+        if assignment.lease_key is not None:
+            fence = LeaseFence(store, assignment.lease_key, assignment.generation)
+        runner = ShardRunner(spec, self.metered, store, input_store, fence=fence)
+        self.runners.append(runner)
+        if self.on_runner is not None:
+            self.on_runner(runner)
+        task = asyncio.ensure_future(runner.run())
+        task.add_done_callback(lambda _: self._wake.set())
+        self._running[key] = _Run(assignment, runner, task)
+        self.reports[key] = self._report(key, assignment, runner, "running")
+        log.info(
+            "slot %s: shard %s of %s started (generation %d)",
+            self.settings.name,
+            spec.shard_index,
+            spec.batch_id,
+            assignment.generation,
+        )
+
+    def _reap(self) -> None:
+        """Collect ended shard runs; a crashed run re-raises (the process ends UNEXPECTED)."""
+        for key, run in list(self._running.items()):
+            if not run.task.done():
+                continue
+            del self._running[key]
+            outcome = run.task.result()
+            self.outcomes.append(outcome)
+            self.reports[key] = self._report(key, run.assignment, run.runner, _STATE[outcome])
+            if not self._running:
+                self._idle_since = self.clock()
+
+    def _report(
+        self, key: str, assignment: Assignment, runner: ShardRunner, state: ShardState
+    ) -> ShardReport:
+        return ShardReport(
+            key=key,
+            generation=assignment.generation,
+            state=state,
+            completed=runner.stats.completed,
+            failed=runner.stats.failed,
+            request_seconds=round(runner.stats.request_seconds, 3),
+            message=runner.message if state != "running" else None,
+        )
+
+    def _engine_failed(self) -> bool:
+        return Outcome.ENGINE_FAILED in self.outcomes
+
+    def _finished(self, assigned: dict[str, Assignment]) -> bool:
+        """Whether the loop ends: stopped, engine broken, drained, or idle long enough."""
+        if self._running:
+            if self._engine_failed():
+                for run in self._running.values():
+                    run.runner.request_stop()
+            return False
+        if self._stopping or self._engine_failed() or self._draining:
+            return True
+        runnable = [k for k, a in assigned.items() if not self._ended(k, a)]
+        if runnable:
+            return False
+        if self.source.fixed:
+            return True
+        return self.clock() - self._idle_since >= self.settings.idle_seconds
+
+    async def _heartbeat(self, *, final: bool = False) -> None:
+        """Renew the leases (a new ``seq``) every ``heartbeat_seconds``; drop what was revoked."""
+        now = self.clock()
+        if not final and now - self._last_heartbeat < self.settings.heartbeat_seconds:
+            return
+        self._last_heartbeat = now
+        self._seq = max(self._seq + 1, int(self.wall() * 1000))
+        busy = self.metered.busy_seconds()
+        heartbeat = SlotHeartbeat(
+            slot=self.settings.name,
+            seq=self._seq,
+            state="exited" if final else "draining" if self._draining else "ready",
+            engine_starts=1,
+            started_at=self.started_at,
+            ready_at=self.ready_at_wall,
+            busy_seconds=round(busy, 3),
+            idle_seconds=round(max(0.0, now - self.ready_at - busy), 3),
+            shards=[self._live_report(key, report) for key, report in sorted(self.reports.items())],
+        )
+        try:
+            await self.source.report(heartbeat)
+        except StoreError as exc:
+            log.warning("slot %s: heartbeat not written: %s", self.settings.name, exc)
+
+    def _live_report(self, key: str, report: ShardReport) -> ShardReport:
+        run = self._running.get(key)
+        if run is None:
+            return report
+        return self._report(key, run.assignment, run.runner, "running")

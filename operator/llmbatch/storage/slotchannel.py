@@ -1,0 +1,131 @@
+"""The slot channel in the object store (models in :mod:`llmbatch.api.slot`).
+
+Both sides use this module: the operator grants leases, writes and revokes assignments, asks
+for a drain and reads heartbeats; the slot reads its assignments and the drain request, writes
+its heartbeat and checks a shard's lease before each commit. Every write replaces a whole
+object, so a retried or repeated message changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import ValidationError
+
+from llmbatch.api.slot import Assignment, ShardLease, SlotHeartbeat
+from llmbatch.core import keys
+from llmbatch.storage.base import ObjectNotFound, ObjectStore
+
+log = logging.getLogger("llmbatch.storage")
+
+
+class SlotChannel:
+    """One slot's channel: ``slots/<pool>/<slot>/...`` in ``store``."""
+
+    def __init__(self, store: ObjectStore, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix.rstrip("/")
+
+    # --- operator side ---------------------------------------------------------------------------
+
+    def assign(self, assignment: Assignment) -> None:
+        """Give the slot a shard (its lease must already name this slot and generation)."""
+        key = keys.slot_assignment_key(self.prefix, assignment.key)
+        self.store.put(key, assignment.model_dump_json().encode())
+
+    def revoke(self, assignment_key: str) -> None:
+        """Take a shard back: the slot stops feeding it, commits what finished and drops it."""
+        self.store.delete(keys.slot_assignment_key(self.prefix, assignment_key))
+
+    def request_drain(self) -> None:
+        """Ask the slot to finish its shards, take no new ones and exit."""
+        self.store.put(keys.slot_drain_key(self.prefix), b"drain\n")
+
+    def heartbeat(self) -> SlotHeartbeat | None:
+        """The slot's last heartbeat, or None before its first (or when unreadable)."""
+        raw = self._get(keys.slot_heartbeat_key(self.prefix))
+        if raw is None:
+            return None
+        try:
+            return SlotHeartbeat.model_validate_json(raw)
+        except ValidationError as exc:
+            log.warning("slot %s: unreadable heartbeat: %s", self.prefix, exc)
+            return None
+
+    def clear(self) -> None:
+        """Remove the whole channel (the slot is gone)."""
+        for info in list(self.store.list(self.prefix + "/")):
+            self.store.delete(info.key)
+
+    # --- slot side -------------------------------------------------------------------------------
+
+    def assignments(self) -> dict[str, Assignment]:
+        """The shards currently assigned, by assignment key; an unreadable one is skipped."""
+        found: dict[str, Assignment] = {}
+        for info in self.store.list(keys.slot_assignments_prefix(self.prefix)):
+            raw = self._get(info.key)
+            if raw is None:
+                continue  # revoked between list and get
+            try:
+                assignment = Assignment.model_validate_json(raw)
+            except ValidationError as exc:
+                log.error("slot %s: unreadable assignment %s: %s", self.prefix, info.key, exc)
+                continue
+            found[assignment.key] = assignment
+        return found
+
+    def drain_requested(self) -> bool:
+        return self.store.head(keys.slot_drain_key(self.prefix)) is not None
+
+    def write_heartbeat(self, heartbeat: SlotHeartbeat) -> None:
+        self.store.put(keys.slot_heartbeat_key(self.prefix), heartbeat.model_dump_json().encode())
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.store.get(key)
+        except ObjectNotFound:
+            return None
+
+
+def read_lease(store: ObjectStore, lease_key: str) -> ShardLease | None:
+    """A shard's lease, or None when it has none (a shard run outside a slot pool)."""
+    try:
+        raw = store.get(lease_key)
+    except ObjectNotFound:
+        return None
+    return ShardLease.model_validate_json(raw)
+
+
+def grant_lease(store: ObjectStore, lease_key: str, slot: str, now: float) -> ShardLease:
+    """Give the shard to ``slot`` under the next generation (operator side).
+
+    The caller grants only after the previous holder's lease lapsed or was revoked; the new
+    generation fences the old holder's later commits out.
+    """
+    previous = read_lease(store, lease_key)
+    lease = ShardLease(
+        generation=1 if previous is None else previous.generation + 1, slot=slot, granted_at=now
+    )
+    store.put(lease_key, lease.model_dump_json().encode())
+    return lease
+
+
+class LeaseFence:
+    """The check a runner makes before each commit: is the shard's lease still ours?"""
+
+    def __init__(self, store: ObjectStore, lease_key: str, generation: int) -> None:
+        self.store = store
+        self.lease_key = lease_key
+        self.generation = generation
+
+    def lost(self) -> str | None:
+        """None while the lease holds; else why it is lost (a newer generation or no lease)."""
+        lease = read_lease(self.store, self.lease_key)
+        if lease is None:
+            return f"lease {self.lease_key} is gone"
+        if lease.generation != self.generation:
+            return (
+                f"lease generation {lease.generation} (slot {lease.slot}) replaced ours "
+                f"({self.generation})"
+            )
+        return None

@@ -1,0 +1,306 @@
+"""The warm slot loop on the simulated engine and the filesystem store: one engine start for
+shards assigned over time, bounded concurrency, revocation, lease fencing, drain, idle exit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from llmbatch.api.shard import ShardSpec
+from llmbatch.api.slot import Assignment, SlotHeartbeat
+from llmbatch.core import keys
+from llmbatch.executor.engines.simulated import SimulatedEngine
+from llmbatch.executor.runner import Outcome, ShardRunner
+from llmbatch.executor.slot import ChannelAssignments, Slot, SlotSettings
+from llmbatch.storage import open_store
+from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.shardresults import list_chunks, read_progress
+from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease
+
+CHANNEL = keys.slot_prefix("pool-a", "slot-0")
+
+
+class Rig:
+    """A store, the slot's channel, and shards whose input is in the store."""
+
+    def __init__(self, root: Path) -> None:
+        self.uri = f"file://{root}"
+        self.store: ObjectStore = open_store(self.uri)
+        self.channel = SlotChannel(self.store, CHANNEL)
+
+    def shard(self, uid: str, requests: int, **changes: Any) -> ShardSpec:
+        key = f"work/ns/{uid}/input.jsonl"
+        rows = [
+            {
+                "custom_id": f"{uid}-r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]},
+            }
+            for i in range(requests)
+        ]
+        self.store.put(key, b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        base: dict[str, Any] = {
+            "batch_id": f"batch_{uid}",
+            "batch_uid": uid,
+            "endpoint": "/v1/chat/completions",
+            "store": self.uri,
+            "input_key": key,
+            "output_prefix": keys.shard_prefix("ns", uid, 0),
+            "model": {"name": "m", "path": "/nowhere"},
+            "engine": {"name": "simulated", "args": {}},
+            "flush_lines": 2,
+            "flush_seconds": 0.1,
+        }
+        return ShardSpec.model_validate(base | changes)
+
+    def assign(self, spec: ShardSpec, slot: str = "slot-0", when: float = 0.0) -> Assignment:
+        lease_key = keys.shard_lease_key(spec.output_prefix)
+        lease = grant_lease(self.store, lease_key, slot, time.time())
+        assignment = Assignment(
+            shard=spec, lease_key=lease_key, generation=lease.generation, assigned_at=when
+        )
+        self.channel.assign(assignment)
+        return assignment
+
+    def slot(self, engine: SimulatedEngine, **settings: Any) -> Slot:
+        pace: dict[str, Any] = {"poll_seconds": 0.05, "heartbeat_seconds": 0.05}
+        return Slot(
+            engine,
+            ChannelAssignments(self.channel),
+            lambda spec: (self.store, self.store),
+            SlotSettings(name="slot-0", **(pace | settings)),
+        )
+
+    def done_ids(self, spec: ShardSpec) -> list[str]:
+        ids = []
+        for kind in ("output", "errors"):
+            for key in list_chunks(self.store, spec.output_prefix, kind):
+                for raw in self.store.get(key).splitlines():
+                    ids.append(orjson.loads(raw)["custom_id"])
+        return ids
+
+
+def _engine(**args: Any) -> SimulatedEngine:
+    return SimulatedEngine(args, ["m"])
+
+
+async def _started(engine: SimulatedEngine) -> SimulatedEngine:
+    await engine.start()
+    return engine
+
+
+async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+def _run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro())
+
+
+def test_one_engine_runs_shards_assigned_over_time_then_exits_when_idle(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    first, second = rig.shard("a", 5), rig.shard("b", 3)
+
+    async def go() -> None:
+        engine = await _started(_engine(latency_seconds=0.01))
+        slot = rig.slot(engine, idle_seconds=0.6, concurrency=2)
+        rig.assign(first)
+        task = asyncio.ensure_future(slot.run())
+        await _until(lambda: (p := read_progress(rig.store, first.output_prefix)) is not None
+                     and p.done)  # fmt: skip
+        await asyncio.sleep(0.2)  # idle, but not long enough to exit
+        assert not task.done()
+        rig.assign(second, when=1.0)
+        assert await asyncio.wait_for(task, 10) is Outcome.DONE
+
+    _run(go)
+    assert sorted(rig.done_ids(rig.shard("a", 5))) == sorted(f"a-r{i}" for i in range(5))
+    assert sorted(rig.done_ids(rig.shard("b", 3))) == sorted(f"b-r{i}" for i in range(3))
+    beat = rig.channel.heartbeat()
+    assert beat is not None
+    assert beat.state == "exited"
+    assert beat.engine_starts == 1
+    assert {r.key: r.state for r in beat.shards} == {"a-00000": "done", "b-00000": "done"}
+    assert beat.busy_seconds > 0
+    assert sum(r.request_seconds for r in beat.shards) >= beat.busy_seconds
+
+
+def test_no_more_shards_at_once_than_the_concurrency(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    specs = [rig.shard(uid, 4) for uid in "abc"]
+    most = 0
+
+    async def go() -> None:
+        nonlocal most
+        engine = await _started(_engine(latency_seconds=0.05))
+        slot = rig.slot(engine, concurrency=2)
+        for i, spec in enumerate(specs):
+            rig.assign(spec, when=float(i))
+        task = asyncio.ensure_future(slot.run())
+        while not task.done():
+            running = sum(1 for r in slot.runners if r.stats.in_flight)
+            most = max(most, running)
+            await asyncio.sleep(0.005)
+        assert task.result() is Outcome.DONE
+        # the oldest assignments start first
+        assert [r.spec.batch_uid for r in slot.runners] == ["a", "b", "c"]
+
+    _run(go)
+    assert most == 2
+    for spec in specs:
+        assert len(rig.done_ids(spec)) == 4
+
+
+def test_a_revoked_shard_stops_keeps_its_results_and_resumes_when_assigned_again(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    spec = rig.shard("a", 40, max_in_flight=1)
+
+    async def go() -> None:
+        engine = await _started(_engine(latency_seconds=0.02))
+        slot = rig.slot(engine, idle_seconds=5)
+        assignment = rig.assign(spec)
+        task = asyncio.ensure_future(slot.run())
+        await _until(lambda: len(rig.done_ids(spec)) >= 4)
+        rig.channel.revoke(assignment.key)  # preemption: stop feeding, commit, give it back
+        await _until(lambda: slot.reports.get(assignment.key) is None and not slot._running)
+        kept = rig.done_ids(spec)
+        assert 4 <= len(kept) < 40
+        rig.assign(spec)  # back from the queue, under the next generation
+        await _until(lambda: len(rig.done_ids(spec)) >= 40)
+        slot.request_stop()
+        assert await asyncio.wait_for(task, 10) in (Outcome.DONE, Outcome.PREEMPTED)
+
+    _run(go)
+    ids = rig.done_ids(spec)
+    assert sorted(ids) == sorted(f"a-r{i}" for i in range(40))  # each once
+    lease = read_lease(rig.store, keys.shard_lease_key(spec.output_prefix))
+    assert lease is not None
+    assert lease.generation == 2
+
+
+def test_a_runner_whose_lease_went_elsewhere_commits_nothing_more(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    spec = rig.shard("a", 30, max_in_flight=1)
+    runners: list[ShardRunner] = []
+
+    async def go() -> None:
+        engine = await _started(_engine(latency_seconds=0.02))
+        slot = rig.slot(engine)
+        slot.on_runner = runners.append
+        rig.assign(spec)
+        task = asyncio.ensure_future(slot.run())
+        await _until(lambda: len(rig.done_ids(spec)) >= 4)
+        # The operator believed this slot dead and gave the shard to another one.
+        grant_lease(rig.store, keys.shard_lease_key(spec.output_prefix), "slot-1", time.time())
+        frozen = len(rig.done_ids(spec))
+        assert await asyncio.wait_for(task, 10) is Outcome.DONE
+        assert len(rig.done_ids(spec)) - frozen <= 2  # at most the commit already under way
+
+    _run(go)
+    assert runners[0].message is not None
+    assert "lease lost" in runners[0].message
+    beat = rig.channel.heartbeat()
+    assert beat is not None
+    assert [r.state for r in beat.shards] == ["lease_lost"]
+    progress = read_progress(rig.store, spec.output_prefix)
+    assert progress is not None
+    assert not progress.done
+
+
+def test_drain_finishes_running_shards_and_takes_no_new_ones(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    running, waiting = rig.shard("a", 10), rig.shard("b", 10)
+
+    async def go() -> None:
+        engine = await _started(_engine(latency_seconds=0.02))
+        slot = rig.slot(engine, idle_seconds=30)
+        rig.assign(running)
+        task = asyncio.ensure_future(slot.run())
+        await _until(lambda: bool(slot.runners))
+        rig.assign(waiting, when=1.0)
+        rig.channel.request_drain()
+        assert await asyncio.wait_for(task, 10) is Outcome.DONE
+
+    _run(go)
+    assert len(rig.done_ids(running)) == 10
+    assert rig.done_ids(waiting) == []
+    beat = rig.channel.heartbeat()
+    assert isinstance(beat, SlotHeartbeat)
+    assert beat.state == "exited"
+
+
+def test_stop_preempts_every_running_shard(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    specs = [rig.shard(uid, 50, max_in_flight=1) for uid in "ab"]
+
+    async def go() -> None:
+        engine = await _started(_engine(latency_seconds=0.02))
+        slot = rig.slot(engine, concurrency=2, idle_seconds=30)
+        for spec in specs:
+            rig.assign(spec)
+        task = asyncio.ensure_future(slot.run())
+        await _until(lambda: all(rig.done_ids(s) for s in specs))
+        slot.request_stop()
+        assert await asyncio.wait_for(task, 10) is Outcome.PREEMPTED
+
+    _run(go)
+    for spec in specs:
+        progress = read_progress(rig.store, spec.output_prefix)
+        assert progress is not None
+        assert not progress.done
+        assert 0 < len(rig.done_ids(spec)) < 50
+
+
+@pytest.mark.parametrize("idle", [0.0, 0.3])
+def test_an_idle_slot_exits_after_idle_seconds(tmp_path: Path, idle: float) -> None:
+    rig = Rig(tmp_path)
+
+    async def go() -> None:
+        engine = await _started(_engine())
+        slot = rig.slot(engine, idle_seconds=idle)
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(slot.run(), 5) is Outcome.DONE
+        assert idle <= time.monotonic() - t0 < idle + 1.0
+
+    _run(go)
+
+
+def test_the_slot_process_runs_its_assignments_and_exits_idle(tmp_path: Path) -> None:
+    """``python -m llmbatch.executor --slot SPEC`` (in-process): engine once, shard, exit 0."""
+    from llmbatch.api.slot import SlotSpec
+    from llmbatch.executor.main import main
+
+    rig = Rig(tmp_path)
+    spec = rig.shard("a", 6)
+    rig.assign(spec)
+    slot_spec = SlotSpec(
+        pool="pool-a",
+        slot="slot-0",
+        store=rig.uri,
+        channel_prefix=CHANNEL,
+        model=spec.model,
+        engine=spec.engine,
+        poll_seconds=0.05,
+    )
+    path = tmp_path / "slot.json"
+    path.write_text(slot_spec.model_dump_json())
+    log = tmp_path / "termination-log"
+    assert main(["--slot", str(path), "--termination-log", str(log)]) == 0
+    assert sorted(rig.done_ids(spec)) == sorted(f"a-r{i}" for i in range(6))
+    beat = rig.channel.heartbeat()
+    assert beat is not None
+    assert beat.state == "exited"
+    assert beat.shards[0].state == "done"
+    assert not log.exists()
