@@ -2,7 +2,8 @@
 
 Engine starts are the cost here (15 s import + 10-60 s start on 2 cores), so they are few:
 
-* one in-process SmolLM2 engine (module fixture) runs a chat shard and a completions shard at once;
+* one in-process SmolLM2 engine (module fixture) runs a chat, a completions and a responses shard
+  at once;
 * one executor subprocess is stopped with SIGTERM (exit 75), its retry is SIGKILLed mid-shard, and
   a third run finishes the shard: exactly one line per custom_id, no finished result lost;
 * one executor subprocess hits vLLM's CPU seed + chunked-prefill bug: the engine core dies and the
@@ -27,6 +28,7 @@ from typing import Any
 
 import openai.types
 import openai.types.chat
+import openai.types.responses
 import orjson
 import psutil
 import pytest
@@ -35,6 +37,7 @@ from llmbatch.api.openai import BatchOutputLine
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
 from llmbatch.executor.engines import create_engine
+from llmbatch.executor.engines.vllm import response_id
 from llmbatch.executor.exitcodes import ExitCode
 from llmbatch.executor.main import run_shards
 from llmbatch.executor.runner import Outcome
@@ -45,6 +48,7 @@ pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
 
 
 def _chat(cid: str, content: str, **extra: Any) -> dict[str, Any]:
@@ -69,6 +73,11 @@ def _completion(cid: str, prompt: str, **extra: Any) -> dict[str, Any]:
         "url": COMPLETIONS,
         "body": {"model": "smollm2", "prompt": prompt, "max_tokens": 8, **extra},
     }
+
+
+def _response(cid: str, input_: Any, **extra: Any) -> dict[str, Any]:
+    body = {"model": "smollm2", "input": input_, "max_output_tokens": 12, "temperature": 0}
+    return {"custom_id": cid, "method": "POST", "url": RESPONSES, "body": {**body, **extra}}
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -129,11 +138,24 @@ def smollm2_run(
             _completion("cbad", "x", max_tokens=-5),
         ],
     )
+    _write(
+        root / "responses.jsonl",
+        [
+            _response("rtext", "What is the capital of France?", store=True),
+            _response(
+                "ritems",
+                [{"role": "user", "content": "Count to three."}],
+                instructions="Answer briefly.",
+            ),
+            _response("rwrongmodel", "hi", model="gpt-x"),
+        ],
+    )
     for key, value in vllm_env.items():
         os.environ.setdefault(key, value)
     specs = [
         _spec(root, smollm2_path, "chat.jsonl", CHAT, 0),
         _spec(root, smollm2_path, "completions.jsonl", COMPLETIONS, 1),
+        _spec(root, smollm2_path, "responses.jsonl", RESPONSES, 2),
     ]
 
     async def go() -> Outcome:
@@ -141,7 +163,9 @@ def smollm2_run(
         await engine.start()
         try:
             store = FilesystemStore(root)
-            outcome, _ = await run_shards(specs, engine, [(store, store)] * 2, handle_signals=False)
+            outcome, _ = await run_shards(
+                specs, engine, [(store, store)] * len(specs), handle_signals=False
+            )
         finally:
             await engine.close()
         return outcome
@@ -199,6 +223,45 @@ def test_completions_parse_with_the_sdk(smollm2_run: tuple[Path, Outcome]) -> No
     assert progress.output_tokens == sum(
         line["response"]["body"]["usage"]["completion_tokens"] for line in lines.values()
     )
+
+
+def test_responses_parse_with_the_sdk(smollm2_run: tuple[Path, Outcome]) -> None:
+    """Served by vLLM's own Responses layer: every body is the SDK's ``Response``, its usage is
+    what the progress record counts, its id is stable for the line."""
+    root, _ = smollm2_run
+    prefix = "uid-it/shards/00002"
+    lines = {line["custom_id"]: line for line in _lines(root, prefix, "output")}
+    assert set(lines) == {"rtext", "ritems"}
+    outputs = 0
+    for cid, line in lines.items():
+        parsed = BatchOutputLine.model_validate(line)
+        assert parsed.response is not None
+        assert parsed.response.status_code == 200
+        response = openai.types.responses.Response.model_validate(parsed.response.body)
+        assert response.id == response_id(request_id("uid-it", cid))
+        assert response.object == "response"
+        assert response.model == "smollm2"
+        assert response.status in ("completed", "incomplete")
+        assert response.output_text
+        assert response.usage is not None
+        assert response.usage.input_tokens > 0
+        assert 0 < response.usage.output_tokens <= 12
+        assert response.usage.total_tokens == (
+            response.usage.input_tokens + response.usage.output_tokens
+        )
+        outputs += response.usage.output_tokens
+    assert (
+        "Paris"
+        in openai.types.responses.Response.model_validate(
+            lines["rtext"]["response"]["body"]
+        ).output_text
+    )
+    (error,) = _lines(root, prefix, "errors")
+    assert (error["custom_id"], error["response"]["status_code"]) == ("rwrongmodel", 404)
+    progress = read_progress(FilesystemStore(root), prefix)
+    assert progress is not None
+    assert (progress.done, progress.completed, progress.failed) == (True, 2, 1)
+    assert progress.output_tokens == outputs
 
 
 # --- executor processes: SIGTERM, SIGKILL, resume

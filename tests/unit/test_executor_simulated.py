@@ -85,3 +85,42 @@ def test_vllm_engine_args_become_flags() -> None:
     ]  # fmt: skip
     with pytest.raises(EngineConfigError):
         engine_argv(ModelRef(name="m", path="/p"), ["m"], {"model": "other"})
+
+
+def test_responses_are_response_objects_with_responses_usage() -> None:
+    import openai.types.responses
+
+    engine = SimulatedEngine({"default_output_tokens": 6}, ["m"])
+    body = {"model": "m", "input": "one two three", "instructions": "be brief"}
+    short = _ask(engine, "/v1/responses", {**body, "max_output_tokens": 4})
+    parsed = openai.types.responses.Response.model_validate(short.body)
+    assert (parsed.object, parsed.model, parsed.status) == ("response", "m", "incomplete")
+    assert parsed.incomplete_details is not None
+    assert parsed.incomplete_details.reason == "max_output_tokens"
+    assert len(parsed.output_text.split()) == 4
+    assert parsed.usage is not None
+    assert (parsed.usage.input_tokens, parsed.usage.output_tokens) == (5, 4)
+    assert parsed.usage.total_tokens == 9
+    items = [{"role": "user", "content": "hi"}]
+    full = _ask(engine, "/v1/responses", {"model": "m", "input": items, "max_output_tokens": 64})
+    done = openai.types.responses.Response.model_validate(full.body)
+    assert (done.status, done.incomplete_details) == ("completed", None)
+    assert done.usage is not None
+    assert done.usage.output_tokens == 6
+    assert _ask(engine, "/v1/responses", {"model": "m"}).status_code == 400
+    long = _ask(SimulatedEngine({"max_model_len": 3}, ["m"]), "/v1/responses", body)
+    assert long.status_code == 400
+    assert long.body["error"]["code"] == "context_length_exceeded"
+    assert long.body["error"]["param"] == "input"
+
+
+def test_responses_latency_counts_output_tokens() -> None:
+    engine = SimulatedEngine({"tokens_per_second": 40, "default_output_tokens": 8}, ["m"])
+    loop = asyncio.new_event_loop()
+    try:
+        started = loop.time()
+        request = EngineRequest("c1", "/v1/responses", {"model": "m", "input": "x"}, "req_x")
+        loop.run_until_complete(engine.handle(request))
+        assert loop.time() - started >= 8 / 40
+    finally:
+        loop.close()

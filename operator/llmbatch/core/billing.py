@@ -9,9 +9,10 @@ Money is :class:`decimal.Decimal`, written as strings with six decimals; never a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+from typing import Any
 
 from llmbatch.api.resources import (
     BatchPoolSpec,
@@ -170,6 +171,56 @@ def accepted_reservation(
     if amount == Decimal(held.amount) and tokens == held.estimated_tokens:
         return held
     return held.model_copy(update={"amount": money(amount), "estimated_tokens": tokens})
+
+
+# --- usage -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """The tokens one successful response reports: what ``status.usage`` and a Tokens-mode charge
+    sum. Input tokens are billed at the input price, output tokens at the output price; cached
+    and reasoning tokens are details of those two (already counted in them)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+_USAGE_SHAPES: tuple[tuple[str, str, str, str], ...] = (
+    ("prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"),
+    ("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details"),
+)
+"""The two ``usage`` shapes: chat/completions/embeddings (prompt/completion) and /v1/responses
+(input/output): the input, output, input-details and output-details fields of each."""
+
+
+def token_usage(body: Mapping[str, Any]) -> TokenUsage:
+    """The usage a response body reports, in either shape (zeros for what is absent or not a
+    non-negative integer). ``total_tokens`` defaults to input + output when absent."""
+    usage = body.get("usage")
+    if not isinstance(usage, Mapping):
+        return TokenUsage()
+    shape = next((s for s in _USAGE_SHAPES if s[0] in usage or s[1] in usage), _USAGE_SHAPES[0])
+    input_name, output_name, input_details, output_details = shape
+    inputs, outputs = _count(usage, input_name), _count(usage, output_name)
+    cached, reasoning = usage.get(input_details), usage.get(output_details)
+    return TokenUsage(
+        input_tokens=inputs,
+        output_tokens=outputs,
+        total_tokens=_count(usage, "total_tokens") or inputs + outputs,
+        cached_tokens=_count(cached, "cached_tokens") if isinstance(cached, Mapping) else 0,
+        reasoning_tokens=(
+            _count(reasoning, "reasoning_tokens") if isinstance(reasoning, Mapping) else 0
+        ),
+    )
+
+
+def _count(fields: Mapping[str, Any], name: str) -> int:
+    value = fields.get(name)
+    return value if type(value) is int and value > 0 else 0
 
 
 # --- charge ------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmbatch.core.billing import TokenUsage, token_usage
 from llmbatch.storage.base import ObjectExists, ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,16 @@ class ChunkRecord(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def count(self, usage: TokenUsage) -> None:
+        """Add one success's usage."""
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.total_tokens += usage.total_tokens
+        self.cached_tokens += usage.cached_tokens
+        self.reasoning_tokens += usage.reasoning_tokens
 
 
 class Progress(BaseModel):
@@ -84,9 +95,13 @@ class Progress(BaseModel):
     done: bool = Field(default=False, description="Every request of the range has a result.")
     completed: int = Field(default=0, description="Lines in output chunks (successes).")
     failed: int = Field(default=0, description="Lines in error chunks.")
-    input_tokens: int = Field(default=0, description="Prompt tokens of the successes.")
-    output_tokens: int = Field(default=0, description="Completion tokens of the successes.")
+    input_tokens: int = Field(default=0, description="Input tokens of the successes.")
+    output_tokens: int = Field(default=0, description="Output tokens of the successes.")
     total_tokens: int = 0
+    cached_tokens: int = Field(default=0, description="Cached input tokens of the successes.")
+    reasoning_tokens: int = Field(
+        default=0, description="Reasoning output tokens of the successes."
+    )
     chunks: list[ChunkRecord] = Field(default_factory=list)
     message: str | None = Field(default=None, description="Why the shard stopped, if not done.")
     started_at: float = 0.0
@@ -101,21 +116,26 @@ class ResultLine:
     custom_id: str
     data: bytes
     ok: bool
-    input_tokens: int = 0
-    output_tokens: int = 0
-    total_tokens: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    """What the success reports (``core.billing.token_usage``); zeros for an error line."""
+
+    @property
+    def input_tokens(self) -> int:
+        return self.usage.input_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.usage.output_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return self.usage.total_tokens
 
 
 def usage_of(body: dict[str, Any]) -> tuple[int, int, int]:
-    """(input, output, total) tokens of a response body's ``usage`` (zeros when absent)."""
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
-        return 0, 0, 0
-    prompt = usage.get("prompt_tokens") or usage.get("input_tokens") or 0
-    completion = usage.get("completion_tokens") or usage.get("output_tokens") or 0
-    total = usage.get("total_tokens") or (prompt + completion)
-    ints = [v if isinstance(v, int) else 0 for v in (prompt, completion, total)]
-    return ints[0], ints[1], ints[2]
+    """(input, output, total) tokens of a response body (``core.billing.token_usage``)."""
+    usage = token_usage(body)
+    return usage.input_tokens, usage.output_tokens, usage.total_tokens
 
 
 def result_line(
@@ -136,8 +156,7 @@ def result_line(
         }
     )
     ok = 200 <= status_code < 300
-    tokens = usage_of(body) if ok else (0, 0, 0)
-    return ResultLine(custom_id, data + b"\n", ok, *tokens)
+    return ResultLine(custom_id, data + b"\n", ok, token_usage(body) if ok else TokenUsage())
 
 
 @dataclass
@@ -213,10 +232,7 @@ class ShardResults:
                 record.lines += 1
                 if kind == "output":
                     response = line.get("response") or {}
-                    i, o, t = usage_of(response.get("body") or {})
-                    record.input_tokens += i
-                    record.output_tokens += o
-                    record.total_tokens += t
+                    record.count(token_usage(response.get("body") or {}))
             self._known[info.key] = record
             self._next_seq[kind] = max(self._next_seq[kind], seq + 1)
         self.done_ids |= found
@@ -232,6 +248,8 @@ class ShardResults:
         p.input_tokens = sum(r.input_tokens for r in records)
         p.output_tokens = sum(r.output_tokens for r in records)
         p.total_tokens = sum(r.total_tokens for r in records)
+        p.cached_tokens = sum(r.cached_tokens for r in records)
+        p.reasoning_tokens = sum(r.reasoning_tokens for r in records)
 
     # --- adding and committing -----------------------------------------------------------------
 
@@ -299,16 +317,10 @@ class ShardResults:
                 rest = batch.get(other) or []
                 batch[other] = [line for line in rest if line.custom_id not in taken]
             return [line for line in lines if line.custom_id not in taken]
-        self._known[key] = ChunkRecord(
-            key=key,
-            kind=kind,
-            seq=seq,
-            lines=len(lines),
-            bytes=info.size,
-            input_tokens=sum(line.input_tokens for line in lines),
-            output_tokens=sum(line.output_tokens for line in lines),
-            total_tokens=sum(line.total_tokens for line in lines),
-        )
+        record = ChunkRecord(key=key, kind=kind, seq=seq, lines=len(lines), bytes=info.size)
+        for line in lines:
+            record.count(line.usage)
+        self._known[key] = record
         self._next_seq[kind] = seq + 1
         return None
 

