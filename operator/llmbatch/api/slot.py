@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 
+LeaseState = Literal["granted", "released", "done", "failed"]
 ShardState = Literal["running", "done", "preempted", "engine_failed", "store_failed", "lease_lost"]
 
 
@@ -51,18 +52,28 @@ class SlotSpec(BaseModel):
 
 
 class ShardLease(BaseModel):
-    """Who may write a shard's results: the fencing token, written by the operator only.
+    """Where a shard stands in its pool: the placement record and fencing token.
 
-    The operator raises ``generation`` before it gives a shard to another slot; a runner checks
-    the lease before each chunk commit and stops when the generation is no longer its own, so
-    two runners never both go on writing one shard.
+    Written by the operator's pool scheduler only. It raises ``generation`` on every grant; a
+    runner checks the lease before each chunk commit and stops when the generation is no
+    longer its own, so two runners never both go on writing one shard.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    generation: int = Field(ge=1, description="Raised on every new grant of the shard.")
-    slot: str = Field(description="The slot holding the lease.")
-    granted_at: float = Field(description="Unix seconds of the grant (operator clock).")
+    generation: int = Field(ge=0, description="Raised on every grant (and when fenced).")
+    slot: str = Field(default="", description="The slot holding the lease; empty when none.")
+    granted_at: float = Field(default=0.0, description="Unix seconds of the last grant.")
+    state: LeaseState = Field(
+        default="granted",
+        description="granted: a slot runs it; released: back in the queue; done: every "
+        "request has a result; failed: gave up (attempts exhausted).",
+    )
+    attempts: int = Field(
+        default=0, ge=0, description="Runs that ended in a failure (engine, store, lost slot)."
+    )
+    preemptions: int = Field(default=0, ge=0, description="Times taken back for higher tiers.")
+    message: str | None = Field(default=None, description="Why the last run ended early.")
 
 
 class Assignment(BaseModel):

@@ -1,4 +1,5 @@
-"""The shard Job: one ``batch/v1`` Job per shard, created suspended, unsuspended later."""
+"""The slot Job: one ``batch/v1`` Job per warm slot of a pool, so that
+``kubectl get jobs -l llmbatch.io/pool=NAME`` lists the pool's slots."""
 
 from __future__ import annotations
 
@@ -7,17 +8,12 @@ from typing import Any
 
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.core.ids import shard_job_name
-
-LABEL_BATCH_UID = "llmbatch.io/batch-uid"
 LABEL_POOL = "llmbatch.io/pool"
-LABEL_SHARD = "llmbatch.io/shard"
+LABEL_SLOT = "llmbatch.io/slot"
 LABEL_COMPONENT = "app.kubernetes.io/component"
-ANNOTATION_BATCH = "llmbatch.io/batch"
-ANNOTATION_TIER = "llmbatch.io/tier"
-ANNOTATION_CREATED = "llmbatch.io/batch-created-at"
-ANNOTATION_REQUESTS = "llmbatch.io/requests"
-ANNOTATION_PREEMPTIONS = "llmbatch.io/preemptions"
+#: The tier whose PriorityClass slot pods run under (a slot serves every tier of its pool;
+#: tiers are ordered inside the pool by the scheduler and the engine's request priority).
+SLOT_PRIORITY_TIER = "standard"
 
 # Exit codes of the executor (llmbatch.executor.exitcodes, sysexits.h): kept here as numbers
 # because the controller never imports the executor.
@@ -75,15 +71,15 @@ def _resources(pool: BatchPoolSpec) -> dict[str, dict[str, str]]:
 
 
 def _container(config: OperatorConfig, pool: BatchPoolSpec, name: str, spec_key: str) -> Any:
-    """The executor container: the shard spec's location, env, resources, store credentials."""
+    """The executor container: the slot spec's location, env, resources, store credentials."""
     executor = pool.executor
-    env = [{"name": "LLMBATCH_SHARD_JOB", "value": name}]
+    env = [{"name": "LLMBATCH_SLOT", "value": name}]
     env += [{"name": e.name, "value": e.value} for e in executor.env or []]
     container: dict[str, Any] = {
         "name": "executor",
         "image": executor.image,
         "command": [*config.executor_command],
-        "args": ["--shard-spec", f"{config.executor_store_uri}#{spec_key}"],
+        "args": ["--slot", f"{config.executor_store_uri}#{spec_key}"],
         "env": env,
         "resources": _resources(pool),
         "securityContext": RESTRICTED_CONTAINER_SECURITY,
@@ -137,46 +133,27 @@ def _pod_spec(config: OperatorConfig, pool: BatchPoolSpec, tier: str, container:
     return pod_spec
 
 
-def build_shard_job(
+def build_slot_job(
     *,
     config: OperatorConfig,
     pool_name: str,
     pool: BatchPoolSpec,
-    batch_namespace: str,
-    batch_name: str,
-    batch_uid: str,
-    tier: str,
-    created_at: int,
-    shard_index: int,
-    shard_requests: int,
+    slot: str,
     spec_key: str,
-    rerun: int = 0,
 ) -> dict[str, Any]:
-    """The Job manifest of one shard (deterministic: the same inputs give the same object)."""
-    name = shard_job_name(batch_uid, shard_index, rerun)
-    labels = {
-        LABEL_BATCH_UID: batch_uid,
-        LABEL_POOL: pool_name,
-        LABEL_SHARD: str(shard_index),
-        LABEL_COMPONENT: "executor",
-    }
-    pod_spec = _pod_spec(config, pool, tier, _container(config, pool, name, spec_key))
+    """The Job manifest of one slot (deterministic: the same inputs give the same object).
+
+    A slot pod that dies is replaced by the Job (``backoffLimit``) under the same slot name, so
+    it picks up the same assignments and resumes them from their committed chunks.
+    """
+    labels = {LABEL_POOL: pool_name, LABEL_SLOT: slot, LABEL_COMPONENT: "executor"}
+    container = _container(config, pool, slot, spec_key)
+    pod_spec = _pod_spec(config, pool, SLOT_PRIORITY_TIER, container)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": pool.worker_namespace,
-            "labels": labels,
-            "annotations": {
-                ANNOTATION_BATCH: f"{batch_namespace}/{batch_name}",
-                ANNOTATION_TIER: tier,
-                ANNOTATION_CREATED: str(created_at),
-                ANNOTATION_REQUESTS: str(shard_requests),
-            },
-        },
+        "metadata": {"name": slot, "namespace": pool.worker_namespace, "labels": labels},
         "spec": {
-            "suspend": True,
             "completions": 1,
             "parallelism": 1,
             "backoffLimit": pool.executor.backoff_limit,

@@ -99,15 +99,24 @@ def read_lease(store: ObjectStore, lease_key: str) -> ShardLease | None:
 def grant_lease(store: ObjectStore, lease_key: str, slot: str, now: float) -> ShardLease:
     """Give the shard to ``slot`` under the next generation (operator side).
 
-    The caller grants only after the previous holder's lease lapsed or was revoked; the new
-    generation fences the old holder's later commits out.
+    The caller grants only a shard whose lease is not held (released, or never granted); the
+    new generation fences any earlier holder's later commits out.
     """
-    previous = read_lease(store, lease_key)
-    lease = ShardLease(
-        generation=1 if previous is None else previous.generation + 1, slot=slot, granted_at=now
+    previous = read_lease(store, lease_key) or ShardLease(generation=0, state="released")
+    lease = previous.model_copy(
+        update={
+            "generation": previous.generation + 1,
+            "slot": slot,
+            "granted_at": now,
+            "state": "granted",
+        }
     )
-    store.put(lease_key, lease.model_dump_json().encode())
+    write_lease(store, lease_key, lease)
     return lease
+
+
+def write_lease(store: ObjectStore, lease_key: str, lease: ShardLease) -> None:
+    store.put(lease_key, lease.model_dump_json().encode())
 
 
 class LeaseFence:

@@ -172,19 +172,24 @@ class BatchPoolSpec(CRModel):
     models: Annotated[list[PoolModel], Field(min_length=1, max_length=16)]
     """Models the pool serves."""
     worker_namespace: DNSName = "llmbatch-workers"
-    """Namespace the shard Jobs run in."""
+    """Namespace the slot Jobs run in."""
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
-    """How shard pods run."""
+    """How slot pods run."""
     gpus_per_slot: Annotated[int, Field(ge=0, le=16)] = 1
-    """nvidia.com/gpu requested by one slot (shard pod)."""
+    """nvidia.com/gpu requested by one slot (slot pod)."""
     node_selector: dict[Label, ShortText] | None = None
-    """Node labels shard pods must match."""
+    """Node labels slot pods must match."""
     tolerations: Annotated[list[Toleration], Field(max_length=16)] | None = None
-    """Tolerations of shard pods."""
+    """Tolerations of slot pods."""
     min_slots: Annotated[int, Field(ge=0, le=1024)] = 0
     """Fewest slots kept even without work."""
     max_slots: Annotated[int, Field(ge=1, le=1024)] = 1
-    """Most shard Jobs running at once."""
+    """Most slots (slot Jobs) running at once."""
+    slot_concurrency: Annotated[int, Field(ge=1, le=64)] | None = None
+    """Shards one slot runs at once on its engine; unset: max_num_seqs / 8, between 1 and 8."""
+    idle_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
+    """A slot with nothing assigned exits after this long (scale to zero); 0: a slot exits as
+    soon as its shards are done (a cold slot per burst of work)."""
     shard_requests: Annotated[int, Field(ge=1, le=50000)] = 1000
     """Target requests per shard."""
     throughput_per_slot: Decimal = "1"
@@ -222,7 +227,9 @@ class BatchPoolStatus(CRModel):
     """Observed state of a pool."""
 
     slots_in_use: int = 0
-    """Shard Jobs unsuspended now."""
+    """Slots running at least one shard."""
+    warm_slots: int = 0
+    """Slots started and not draining: busy ones plus idle ones holding their model."""
     desired_slots: int = 0
     """Slots the autoscaler wants."""
     queue_depth: QueueDepth | None = None

@@ -89,7 +89,8 @@ RESOURCES: tuple[ResourceKind, ...] = (
         description="A pool of GPU slots serving one or more models to batches.",
         printer_columns=[
             {"name": "Model", "type": "string", "jsonPath": ".spec.models[0].name"},
-            {"name": "Slots", "type": "integer", "jsonPath": ".status.slotsInUse"},
+            {"name": "Warm", "type": "integer", "jsonPath": ".status.warmSlots"},
+            {"name": "Busy", "type": "integer", "jsonPath": ".status.slotsInUse"},
             {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredSlots"},
             {"name": "Max", "type": "integer", "jsonPath": ".spec.maxSlots"},
             {"name": "Expedited", "type": "integer", "jsonPath": ".status.queueDepth.expedited"},

@@ -1,0 +1,113 @@
+"""Where waiting shards go in a pool of warm slots (pure: data in, decisions out).
+
+The queue order is :func:`llmbatch.core.scheduling.order_queue` (tier, round-robin across
+batches, creation time). The head of the queue goes to a slot with room — one whose engine is
+loaded first, the fullest first, so small batches pack onto one engine and idle slots can time
+out — and only when no slot has room does a new slot start, as long as the autoscaler's desired
+count allows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from llmbatch.core.scheduling import QueuedShard, order_queue
+from llmbatch.core.tiers import TIER_RANK
+
+#: Shards a slot runs at once when the pool does not say (see :func:`slot_concurrency`).
+MAX_DEFAULT_CONCURRENCY = 8
+
+
+def slot_concurrency(configured: int | None, max_num_seqs: int) -> int:
+    """The pool's ``slotConcurrency``, else one shard per 8 engine sequences (1..8): each shard
+    keeps ``2 × max_num_seqs`` requests in flight, so a few shards already fill the engine."""
+    if configured is not None:
+        return configured
+    return max(1, min(MAX_DEFAULT_CONCURRENCY, max_num_seqs // 8))
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """What the scheduler knows of one slot this round."""
+
+    name: str
+    load: int
+    """Shards assigned to it and not yet ended."""
+    capacity: int
+    ready: bool
+    """Its engine is loaded (it has sent a ready heartbeat)."""
+    open: bool = True
+    """It takes new work (not draining, exited or lapsed)."""
+
+
+@dataclass
+class Placement:
+    """One round's decisions."""
+
+    assign: list[tuple[QueuedShard, str]] = field(default_factory=list)
+    """Shards for existing slots: (shard, slot name)."""
+    new_slots: list[list[QueuedShard]] = field(default_factory=list)
+    """Shards for each slot to start now."""
+    waiting: list[QueuedShard] = field(default_factory=list)
+    """Shards left in the queue (no room, no slot to start)."""
+
+
+def place(
+    queued: Iterable[QueuedShard], slots: Sequence[SlotView], desired: int, capacity: int
+) -> Placement:
+    """Give the queue head to slots with room, then to new slots up to ``desired`` open slots."""
+    result = Placement()
+    free = {s.name: s.capacity - s.load for s in slots if s.open and s.capacity > s.load}
+    ranked = sorted(
+        (s for s in slots if s.name in free), key=lambda s: (not s.ready, free[s.name], s.name)
+    )
+    startable = max(0, desired - sum(1 for s in slots if s.open))
+    for shard in order_queue(queued):
+        slot = next((s for s in ranked if free[s.name] > 0), None)
+        if slot is not None:
+            free[slot.name] -= 1
+            result.assign.append((shard, slot.name))
+        elif result.new_slots and len(result.new_slots[-1]) < capacity:
+            result.new_slots[-1].append(shard)
+        elif len(result.new_slots) < startable:
+            result.new_slots.append([shard])
+        else:
+            result.waiting.append(shard)
+    return result
+
+
+@dataclass(frozen=True)
+class RunningShard:
+    """A shard running on a slot, as a preemption candidate."""
+
+    shard: QueuedShard
+    key: str
+    """Its assignment key."""
+    preemptions: int
+
+
+def preemption_victims(
+    waiting: Sequence[QueuedShard], running: Sequence[RunningShard], max_per_shard: int
+) -> list[RunningShard]:
+    """Lower-tier running shards to take back for the expedited shards still waiting.
+
+    Lowest tier first; within a tier the newest batch, which loses the least progress. A shard
+    is taken back at most ``max_per_shard`` times, so nothing is requeued forever.
+    """
+    starving = sum(1 for s in waiting if s.tier == "expedited")
+    candidates = [
+        r for r in running if r.shard.tier != "expedited" and r.preemptions < max_per_shard
+    ]
+    candidates.sort(key=lambda r: (-TIER_RANK.get(r.shard.tier, 9), -r.shard.created_at))
+    return candidates[:starving]
+
+
+def lease_lapsed(last_seen: float | None, now: float, lease_seconds: float) -> bool:
+    """Whether a slot's leases have lapsed: no new heartbeat for ``lease_seconds``, timed by
+    the operator's clock from when it last saw the heartbeat change (node clocks never count).
+
+    A slot that never sent one has not started its process (its pod waits for a node or an
+    image): its Job's own state tells when it fails.
+    """
+    return last_seen is not None and now - last_seen > lease_seconds
