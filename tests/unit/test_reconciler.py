@@ -1,9 +1,11 @@
 """The batch reconciler's public behaviour, step by step, in seconds: validate → run → finalize,
-cancel, expiry, shard failure, and the loss/liveness holes of issue #13 (a Job that succeeds
-without every result, an input deleted while its batch runs, a pool deleted under its batches).
+cancel, expiry, shard failure, and the loss/liveness holes of issue #13 (a shard run that ends
+"done" without every result, an input deleted while its batch runs, a pool deleted under its
+batches).
 
-The harness (tests/fixtures/reconciler.py) drives ``BatchReconciler.step`` over one fake API, a
-real filesystem store and a test clock; shards run on the real executor code.
+The harness (tests/fixtures/reconciler.py) drives ``BatchReconciler.step`` and the pool
+scheduler over one fake API, a real filesystem store and a test clock; shards run on warm slots
+with the real slot loop and executor code.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from collections import Counter
 
 import pytest
 
+from llmbatch.api.slot import ShardReport, SlotHeartbeat
 from llmbatch.core import keys
 from llmbatch.storage.shardresults import ResultLine, ShardResults, list_chunks
+from llmbatch.storage.slotchannel import SlotChannel
 from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
 
@@ -45,8 +49,13 @@ def test_validate_run_finalize(h: ReconcilerHarness) -> None:
     status = h.step_until(BATCH, "in_progress")
     assert [s["requestCount"] for s in status["shards"]] == [2, 2, 1]
     assert status["workerNamespace"] == "llmbatch-workers"
-    h.step(BATCH)  # creates the suspended shard Jobs
-    assert [j["spec"]["suspend"] for j in h.jobs()] == [True, True, True]
+    h.step(BATCH)  # writes the shard specs: the shards wait for a slot
+    assert [s["phase"] for s in h.status(BATCH)["shards"]] == ["Pending"] * 3
+    h.pool_round()  # one slot takes all three (slotConcurrency from max_num_seqs)
+    (slot,) = h.jobs()
+    h.step(BATCH)
+    assert {s["job"] for s in h.status(BATCH)["shards"]} == {slot["metadata"]["name"]}
+    assert [s["phase"] for s in h.status(BATCH)["shards"]] == ["Running"] * 3
     h.run_jobs()
     status = h.step_until(BATCH, "completed")
     assert status["requestCounts"] == {"total": 5, "completed": 5, "failed": 0}
@@ -55,14 +64,14 @@ def test_validate_run_finalize(h: ReconcilerHarness) -> None:
     assert status.get("errorFileID") is None
     assert h.reasons()[:2] == ["Accepted", "Validated"]
     assert h.reasons()[-1] == "Completed"
-    assert h.jobs() == []  # removed at the end
+    assert h.jobs() == []  # the slot exited when idle (idleSeconds: 0) and its Job is removed
 
 
 def test_cancel_mid_run_keeps_finished_results(h: ReconcilerHarness) -> None:
     submit(h, requests=5)
     h.step_until(BATCH, "in_progress")
     h.step(BATCH)
-    h.complete(h.jobs()[0])
+    h.run_shard(0)
     h.step(BATCH)
     h.batch(BATCH)["spec"]["cancel"] = True
     status = h.step_until(BATCH, "cancelled")
@@ -88,8 +97,10 @@ def test_failed_shard_becomes_shard_failed_lines_with_an_event(h: ReconcilerHarn
     submit(h, requests=3)
     h.step_until(BATCH, "in_progress")
     h.step(BATCH)
-    for job in h.jobs():
+    h.pool_round()
+    for job in h.live_slots():  # the slot's pod failed its retries (backoffLimit)
         h.finish_job(job, failed="BAD_CONFIG: engine refused its arguments")
+    h.pool_round()
     status = h.step_until(BATCH, "completed")
     assert status["requestCounts"] == {"total": 3, "completed": 0, "failed": 3}
     errors = h.file_lines(status["errorFileID"])
@@ -97,16 +108,17 @@ def test_failed_shard_becomes_shard_failed_lines_with_an_event(h: ReconcilerHarn
     assert "ShardFailed" in h.reasons()
 
 
-def test_a_job_that_succeeds_without_every_result_is_rerun_not_reported_lost(
+def test_a_run_that_ends_done_without_every_result_is_rerun_not_reported_lost(
     h: ReconcilerHarness,
 ) -> None:
-    # #13 hole 1, operator side: an executor exits 0 having lost a commit (progress says done,
-    # one request has no result). Before, finalisation wrote it as a shard_failed line.
+    # #13 hole 1, operator side: an executor reports done having lost a commit (progress says
+    # done, one request has no result). Before, finalisation wrote it as a shard_failed line.
     submit(h, requests=2)
     h.step_until(BATCH, "in_progress")
     h.step(BATCH)
-    (job,) = h.jobs()
-    h.run_executor(job)
+    h.pool_round()
+    (slot,) = h.jobs()
+    h.run_slot(slot, exits=False)
     uid = h.batch(BATCH)["metadata"]["uid"]
     prefix = keys.shard_prefix(TENANT, uid, 0)
     (chunk,) = list_chunks(h.store, prefix, "output")
@@ -117,34 +129,44 @@ def test_a_job_that_succeeds_without_every_result_is_rerun_not_reported_lost(
     lossy.recover()
     lossy.commit({"output": [ResultLine("req-0", first, ok=True)]})
     lossy.write_progress(state="done", done=True)
-    h.finish_job(job)
+    h.pool_round()  # the report says done; the progress record does not cover the shard
     h.step(BATCH)
     assert "ShardIncomplete" in h.reasons()
-    assert h.jobs() == []  # the finished Job goes; the re-run gets a Job of its own
-    h.step(BATCH)
-    (rerun,) = h.jobs()
-    assert rerun["metadata"]["name"] == job["metadata"]["name"] + "-r1"
     assert h.status(BATCH)["shards"][0]["reruns"] == 1
-    h.run_jobs()  # resumes from the chunk: runs only the missing request
+    assert h.status(BATCH)["shards"][0]["phase"] == "Running"  # placed again at once
+    h.run_jobs()  # re-granted; resumes from the chunk: runs only the missing request
     status = h.step_until(BATCH, "completed")
     assert status["requestCounts"] == {"total": 2, "completed": 2, "failed": 0}
     assert custom_ids(h.file_lines(status["outputFileID"])) == Counter(["req-0", "req-1"])
 
 
+def _report_done_without_results(h: ReconcilerHarness) -> None:
+    """Every slot says its shards are done while writing nothing (a broken executor)."""
+    for job in h.live_slots():
+        name = job["metadata"]["name"]
+        channel = SlotChannel(h.store, keys.slot_prefix("pool-a", name))
+        reports = [
+            ShardReport(key=key, generation=a.generation, state="done")
+            for key, a in channel.assignments().items()
+        ]
+        beat = SlotHeartbeat(slot=name, seq=int(h.now), state="ready", started_at=h.now)
+        channel.write_heartbeat(beat.model_copy(update={"shards": reports}))
+
+
 def test_rerun_gives_up_after_the_limit(h: ReconcilerHarness) -> None:
     submit(h, requests=1)
     h.step_until(BATCH, "in_progress")
-    for _ in range(3):  # every run "succeeds" without writing anything
-        h.step(BATCH)
-        for job in h.jobs():
-            if not (job.get("status") or {}).get("conditions"):
-                h.finish_job(job)
+    h.step(BATCH)
+    for _ in range(4):  # backoffLimit 3: the fourth incomplete run fails the shard
+        h.pool_round()
+        _report_done_without_results(h)
+        h.pool_round()
         h.step(BATCH)
     status = h.step_until(BATCH, "completed")
     assert status["requestCounts"] == {"total": 1, "completed": 0, "failed": 1}
     (line,) = h.file_lines(status["errorFileID"])
     assert line["error"]["code"] == "shard_failed"
-    assert "gave up after 2 re-runs" in line["error"]["message"]
+    assert "gave up after 4 attempts" in line["error"]["message"]
 
 
 def test_input_deleted_while_the_batch_runs_still_completes(h: ReconcilerHarness) -> None:
@@ -169,7 +191,7 @@ def test_input_deleted_before_the_merge_of_an_older_batch_ends_it(
     status = h.status(BATCH)
     status["inputKey"] = keys.file_key(TENANT, FILE)  # as an older operator recorded it
     h.step(BATCH)
-    h.complete(h.jobs()[0])
+    h.run_shard(0)
     h.batch(BATCH)["spec"]["cancel"] = True
     h.step(BATCH)
     h.store.delete(keys.file_key(TENANT, FILE))
@@ -180,7 +202,7 @@ def test_input_deleted_before_the_merge_of_an_older_batch_ends_it(
 
 
 def test_pool_deleted_with_the_batch_in_flight(h: ReconcilerHarness) -> None:
-    # #13 hole 4: the batch must end with a clear error, settle, and leave no Job behind.
+    # #13 hole 4: the batch must end with a clear error, settle, and leave no work behind.
     h.kube.add(
         "creditaccounts",
         {"metadata": {"name": "default", "namespace": TENANT}, "spec": {"limit": "100"}},
@@ -188,9 +210,14 @@ def test_pool_deleted_with_the_batch_in_flight(h: ReconcilerHarness) -> None:
     submit(h, requests=5)
     h.step_until(BATCH, "in_progress")
     h.step(BATCH)
-    h.complete(h.jobs()[0])
+    h.run_shard(0)
     h.step(BATCH)
-    assert len(h.jobs()) == 3
+    (slot,) = h.jobs()
+    pool_uid = h.kube.get("batchpools", None, "pool-a")["metadata"]["uid"]
+    # The slot Job belongs to its pool: the garbage collector deletes it with the pool.
+    assert [o["uid"] for o in slot["metadata"]["ownerReferences"]] == [pool_uid]
+    channel = SlotChannel(h.store, keys.slot_prefix("pool-a", slot["metadata"]["name"]))
+    assert len(channel.assignments()) == 2
     h.kube.remove("batchpools", None, "pool-a")
     status = h.step_until(BATCH, "failed")
     assert status["requestCounts"] == {"total": 5, "completed": 2, "failed": 3}
@@ -198,7 +225,7 @@ def test_pool_deleted_with_the_batch_in_flight(h: ReconcilerHarness) -> None:
     errors = h.file_lines(status["errorFileID"])
     assert {e["error"]["code"] for e in errors} == {"pool_deleted"}
     assert "PoolDeleted" in h.reasons()
-    assert h.jobs() == []
+    assert channel.assignments() == {}  # taken back from the slot
     assert status["billing"]["settledAt"]
     account = h.kube.get("creditaccounts", TENANT, "default")
     assert account is not None

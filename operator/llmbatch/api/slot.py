@@ -73,6 +73,11 @@ class ShardLease(BaseModel):
         default=0, ge=0, description="Runs that ended in a failure (engine, store, lost slot)."
     )
     preemptions: int = Field(default=0, ge=0, description="Times taken back for higher tiers.")
+    reason: str | None = Field(
+        default=None,
+        description="Why the last run ended early, as an Event reason: ShardIncomplete, "
+        "EngineFailed, StoreFailed, SlotLost.",
+    )
     message: str | None = Field(default=None, description="Why the last run ended early.")
 
 
@@ -108,10 +113,10 @@ class ShardReport(BaseModel):
     state: ShardState
     completed: int = 0
     failed: int = 0
-    request_seconds: float = Field(
+    busy_seconds: float = Field(
         default=0.0,
-        description="Sum over the shard's requests of their time in the engine: the shard's "
-        "weight when the slot's busy time is shared out (docs/billing.md).",
+        description="This run's share of the slot's busy time (while n requests are in the "
+        "engine each accrues 1/n): what GPU-time billing charges (docs/billing.md).",
     )
     message: str | None = None
 

@@ -60,7 +60,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.batches = BatchReconciler(
         kube, metrics.instrument_store(open_store(config.store_uri)), config
     )
-    memo.pools = PoolScheduler(kube)
+    memo.pools = PoolScheduler(kube, memo.batches.store, config)
     metrics.serve(config.metrics_port)
     if config.retention_interval > 0:
         # Not a kopf timer: timers put a finalizer on every object they run on, and BatchFiles
@@ -154,7 +154,7 @@ async def pool_timer(
 ) -> None:
     """Size the pool, grant free slots to waiting shards, report slots and queue depth."""
     scheduler: PoolScheduler = memo.pools
-    result = await scheduler.step(name, dict(spec), dict(status))
+    result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"))
     if result.status:
         patch.setdefault("status", {}).update(result.status)
     for event_type, reason, message in result.events:

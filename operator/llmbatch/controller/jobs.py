@@ -6,8 +6,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import yaml
+
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.controller.config import OperatorConfig
+
+LABEL_BATCH_UID = "llmbatch.io/batch-uid"
 LABEL_POOL = "llmbatch.io/pool"
 LABEL_SLOT = "llmbatch.io/slot"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -55,6 +59,15 @@ POD_FAILURE_POLICY: dict[str, Any] = {
         },
     ]
 }
+
+
+def engine_args(pool: BatchPoolSpec) -> dict[str, Any]:
+    """``--max-num-seqs=64`` style pool arguments as the executor's ``{max_num_seqs: 64}``."""
+    args: dict[str, Any] = {}
+    for item in pool.executor.engine_args or []:
+        name, _, value = item.lstrip("-").partition("=")
+        args[name.replace("-", "_")] = yaml.safe_load(value) if value else True
+    return args
 
 
 def _resources(pool: BatchPoolSpec) -> dict[str, dict[str, str]]:

@@ -43,21 +43,54 @@ TOKENS = Counter(
 )
 SHARD_INCOMPLETE = Counter(
     "llmbatch_shard_incomplete_total",
-    "Shard Jobs that succeeded without a result for every request of their range (a broken "
+    "Shard runs that ended done without a result for every request of their range (a broken "
     "executor invariant; the shard is re-run).",
     registry=REGISTRY,
 )
 SHARD_RUN_SECONDS = Histogram(
     "llmbatch_shard_run_seconds",
-    "Wall time of finished shard Jobs, from start to completion.",
+    "Wall time of finished shard runs on a slot, from assignment to done.",
     ["pool"],
     buckets=(10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200),
     registry=REGISTRY,
 )
 JOBS_RUNNING = Gauge(
     "llmbatch_pool_jobs_running",
-    "Unsuspended, unfinished shard Jobs, by pool.",
+    "Slots (slot Jobs) running at least one shard, by pool.",
     ["pool"],
+    registry=REGISTRY,
+)
+WARM_SLOTS = Gauge(
+    "llmbatch_pool_warm_slots",
+    "Slots started and taking work (busy or idle with their model loaded), by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+SLOT_STARTS = Counter(
+    "llmbatch_slot_starts_total",
+    "Slots started (each loads its model once), by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+SLOT_ASSIGNMENTS = Counter(
+    "llmbatch_slot_assignments_total",
+    "Shards given to a slot (a re-run after a failure or preemption counts again), by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+SLOT_ASSIGNMENT_WAIT = Histogram(
+    "llmbatch_slot_assignment_wait_seconds",
+    "Time from a batch starting to run to each of its shards' first assignment, by pool.",
+    ["pool"],
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600, 14400),
+    registry=REGISTRY,
+)
+SLOT_SECONDS = Counter(
+    "llmbatch_slot_seconds_total",
+    "Slot time reported by slot heartbeats, by pool and status (busy: at least one request in "
+    "the engine; idle: the model loaded and nothing to run). busy / (busy + idle) is the "
+    "slots' busy fraction.",
+    ["pool", "status"],
     registry=REGISTRY,
 )
 QUEUE_DEPTH = Gauge(

@@ -1,69 +1,45 @@
-"""The pool scheduler: sizes a pool and grants its slots to the head of its queue.
+"""The pool scheduler: sizes a pool and places its shards on warm slots.
 
-Level-based, all state on the Jobs and the pool status: a suspended shard Job is waiting, an
-unsuspended unfinished one holds a slot. Each round it learns throughput from newly finished
-shards, computes the desired slot count from the backlog (``core.autoscaling``), orders the
-waiting shards (``core.scheduling``) and unsuspends as many as the desired count leaves room for.
-Pods that cannot be placed yet stay Pending, which is the cluster autoscaler's cue to add GPU
-nodes.
+Level-based, all state on the Batches, the slot Jobs and the store. Each round computes the
+backlog of the pool's running batches per tier, the desired slot count from it
+(``core.autoscaling``), then lets :class:`~llmbatch.controller.slots.SlotScheduler` settle the
+shard runs that ended and give the queue head to warm slots with room, starting a slot only when
+none has room and the desired count allows it. Slots with nothing to run exit after the pool's
+``idleSeconds`` (scale to zero); pods that cannot be placed yet stay Pending, which is the
+cluster autoscaler's cue to add GPU nodes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.controller import metrics
-from llmbatch.controller.jobs import (
-    ANNOTATION_BATCH,
-    ANNOTATION_CREATED,
-    ANNOTATION_PREEMPTIONS,
-    ANNOTATION_REQUESTS,
-    ANNOTATION_TIER,
-    LABEL_POOL,
-    LABEL_SHARD,
-)
+from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.slots import SlotScheduler
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
-from llmbatch.core.lifecycle import unix_seconds
-from llmbatch.core.scheduling import QueuedShard, grant_slots
-from llmbatch.core.tiers import TIER_RANK, TIERS
-
-ANNOTATION_LEARNED = "llmbatch.io/throughput-learned"
+from llmbatch.core.tiers import TIERS, tier_of
+from llmbatch.storage.base import ObjectStore
 
 
-def _condition(job: dict[str, Any], kind: str) -> bool:
-    return any(
-        c.get("type") == kind and c.get("status") == "True"
-        for c in (job.get("status") or {}).get("conditions") or []
-    )
-
-
-def _finished(job: dict[str, Any]) -> bool:
-    return _condition(job, "Complete") or _condition(job, "Failed")
-
-
-def _queued(job: dict[str, Any]) -> QueuedShard:
-    meta = job["metadata"]
-    annotations = meta.get("annotations") or {}
-    return QueuedShard(
-        batch=annotations.get(ANNOTATION_BATCH, meta["name"]),
-        tier=annotations.get(ANNOTATION_TIER, "standard"),
-        created_at=float(annotations.get(ANNOTATION_CREATED, "0")),
-        shard_index=int((meta.get("labels") or {}).get(LABEL_SHARD, "0")),
-        requests=int(annotations.get(ANNOTATION_REQUESTS, "0")),
-    )
-
-
-def _backlog(jobs: list[dict[str, Any]]) -> dict[str, int]:
-    """Requests of the unfinished shard Jobs per tier (an unknown tier counts as standard)."""
+def _backlog(batches: list[dict[str, Any]], pool: str) -> dict[str, int]:
+    """Requests of the pool's running batches without a result yet, per tier."""
     backlog: dict[str, int] = dict.fromkeys(TIERS, 0)
-    for job in jobs:
-        shard = _queued(job)
-        backlog[shard.tier if shard.tier in backlog else "standard"] += shard.requests
+    for batch in batches:
+        status = batch.get("status") or {}
+        if status.get("pool") != pool or status.get("status") != "in_progress":
+            continue
+        spec = batch.get("spec") or {}
+        tier = tier_of(spec.get("priority"), spec.get("metadata"))
+        counts = status.get("requestCounts") or {}
+        left = int(counts.get("total") or 0) - int(counts.get("completed") or 0)
+        left -= int(counts.get("failed") or 0)
+        backlog[tier if tier in backlog else "standard"] += max(0, left)
     return backlog
 
 
@@ -84,21 +60,6 @@ def _scale(
     return previous, damp(previous, raw, now, pool.scale_down_cooldown_seconds)
 
 
-def _export_metrics(
-    name: str,
-    in_use: int,
-    desired: int,
-    queued: list[tuple[dict[str, Any], QueuedShard]],
-    chosen: set[int],
-) -> None:
-    metrics.JOBS_RUNNING.labels(name).set(in_use)
-    metrics.DESIRED_SLOTS.labels(name).set(desired)
-    for tier in TIERS:
-        metrics.QUEUE_DEPTH.labels(name, tier).set(
-            sum(1 for _, q in queued if q.tier == tier and id(q) not in chosen)
-        )
-
-
 @dataclass
 class PoolRound:
     """The status patch and Events of one scheduling round."""
@@ -110,26 +71,26 @@ class PoolRound:
 class PoolScheduler:
     """One scheduling round per call, per pool."""
 
-    def __init__(self, kube: Kube, clock: Any = time.time) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        config: OperatorConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.kube = kube
         self.clock = clock
+        self.slots = SlotScheduler(kube, store, config, clock)
 
-    async def step(self, name: str, spec: dict[str, Any], status: dict[str, Any]) -> PoolRound:
-        """One round: learn throughput, size the pool, grant slots (and preempt for them)."""
+    async def step(
+        self, name: str, spec: dict[str, Any], status: dict[str, Any], uid: str | None = None
+    ) -> PoolRound:
+        """One round: size the pool, settle and place shards on its slots."""
         pool = BatchPoolSpec.model_validate(spec)
-        namespace = pool.worker_namespace
         now = self.clock()
         result = PoolRound()
-        all_jobs = await self.kube.list_jobs(namespace, f"{LABEL_POOL}={name}")
         throughput = float(Decimal(status.get("throughputPerSlot") or pool.throughput_per_slot))
-        throughput = await self._learn_throughput(namespace, all_jobs, throughput)
-
-        jobs = [
-            j for j in all_jobs if not j["metadata"].get("deletionTimestamp") and not _finished(j)
-        ]
-        running = [j for j in jobs if not (j.get("spec") or {}).get("suspend")]
-        waiting = [j for j in jobs if (j.get("spec") or {}).get("suspend")]
-        backlog = _backlog(jobs)
+        backlog = _backlog(await self.kube.list_custom("batches"), name)
         previous, scaled = _scale(pool, backlog, throughput, status, now)
         if scaled.desired != previous.desired:
             result.events.append(
@@ -139,23 +100,22 @@ class PoolScheduler:
                     f"Desired slots {previous.desired} → {scaled.desired} (backlog {backlog})",
                 )
             )
-
-        queued = [(job, _queued(job)) for job in waiting]
-        granted = grant_slots((q for _, q in queued), len(running), scaled.desired)
-        chosen = {id(q) for q in granted}
-        for job, shard in queued:
-            if id(shard) in chosen:
-                await self.kube.set_job_suspended(namespace, job["metadata"]["name"], False)
-
-        preempted = 0
-        if pool.preemption == "LowerPriority":
-            preempted = await self._preempt(pool, namespace, running, queued, chosen, result)
-        in_use = len(running) + len(granted) - preempted
-        _export_metrics(name, in_use, scaled.desired, queued, chosen)
+        placed = await self.slots.round(name, pool, uid, scaled.desired, now)
+        result.events += placed.events
+        for requests, seconds in placed.learned:
+            throughput = learn_throughput(throughput, requests, seconds)
+        for tier in TIERS:
+            metrics.QUEUE_DEPTH.labels(name, tier).set(
+                sum(1 for q in placed.waiting if q.tier == tier)
+            )
+        metrics.JOBS_RUNNING.labels(name).set(placed.busy)
+        metrics.WARM_SLOTS.labels(name).set(placed.warm)
+        metrics.DESIRED_SLOTS.labels(name).set(scaled.desired)
         drain: dict[str, int] = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
         metrics.observe_pool(name, backlog, drain, pool.max_slots, throughput)
         wanted = {
-            "slotsInUse": in_use,
+            "slotsInUse": placed.busy,
+            "warmSlots": placed.warm,
             "desiredSlots": scaled.desired,
             "queueDepth": backlog,
             "throughputPerSlot": f"{throughput:.4f}",
@@ -163,65 +123,3 @@ class PoolScheduler:
         }
         result.status = {k: v for k, v in wanted.items() if status.get(k) != v}
         return result
-
-    async def _learn_throughput(
-        self, namespace: str, jobs: list[dict[str, Any]], throughput: float
-    ) -> float:
-        """Fold each newly completed Job's rate into ``throughput``; mark the Job as learned."""
-        for job in jobs:
-            annotations = job["metadata"].get("annotations") or {}
-            job_status = job.get("status") or {}
-            if (
-                _condition(job, "Complete")
-                and ANNOTATION_LEARNED not in annotations
-                and job_status.get("startTime")
-                and job_status.get("completionTime")
-            ):
-                seconds = unix_seconds(job_status["completionTime"]) - unix_seconds(
-                    job_status["startTime"]
-                )
-                throughput = learn_throughput(
-                    throughput, int(annotations.get(ANNOTATION_REQUESTS, "0")), max(1, seconds)
-                )
-                await self.kube.annotate_job(
-                    namespace, job["metadata"]["name"], {ANNOTATION_LEARNED: "true"}
-                )
-        return throughput
-
-    async def _preempt(
-        self,
-        pool: BatchPoolSpec,
-        namespace: str,
-        running: list[dict[str, Any]],
-        queued: list[tuple[dict[str, Any], QueuedShard]],
-        chosen: set[int],
-        result: PoolRound,
-    ) -> int:
-        """Suspend lower-tier running shards for expedited shards still waiting.
-
-        A suspended Job's pod gets SIGTERM, the executor commits what finished and exits with
-        its preemption code (ignored by the Job's podFailurePolicy); the shard waits in the
-        queue and later resumes without redoing work. A shard is preempted at most
-        ``maxPreemptionsPerShard`` times, so nothing is requeued forever.
-        """
-        starving = sum(1 for _, q in queued if q.tier == "expedited" and id(q) not in chosen)
-        if not starving:
-            return 0
-        victims = []
-        for job in running:
-            shard = _queued(job)
-            count = int((job["metadata"].get("annotations") or {}).get(ANNOTATION_PREEMPTIONS, "0"))
-            if shard.tier != "expedited" and count < pool.max_preemptions_per_shard:
-                victims.append((TIER_RANK.get(shard.tier, 9), shard.created_at, job, count))
-        # Lowest tier first; within a tier the newest batch, which loses the least progress.
-        victims.sort(key=lambda v: (-v[0], -v[1]))
-        for _, _, job, count in victims[:starving]:
-            job_name = job["metadata"]["name"]
-            await self.kube.annotate_job(
-                namespace, job_name, {ANNOTATION_PREEMPTIONS: str(count + 1)}
-            )
-            await self.kube.set_job_suspended(namespace, job_name, True)
-            result.events.append(
-                ("Normal", "Preempted", f"Suspended shard Job {job_name} for expedited work")
-            )
-        return min(starving, len(victims))

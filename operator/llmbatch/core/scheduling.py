@@ -23,6 +23,8 @@ class QueuedShard:
     created_at: float
     shard_index: int
     requests: int = 0
+    model: str = ""
+    """The model its batch uses (a slot serves one model)."""
 
 
 def order_queue(waiting: Iterable[QueuedShard]) -> list[QueuedShard]:

@@ -21,7 +21,7 @@ MAX_DEFAULT_CONCURRENCY = 8
 
 def slot_concurrency(configured: int | None, max_num_seqs: int) -> int:
     """The pool's ``slotConcurrency``, else one shard per 8 engine sequences (1..8): each shard
-    keeps ``2 × max_num_seqs`` requests in flight, so a few shards already fill the engine."""
+    keeps ``2 x max_num_seqs`` requests in flight, so a few shards already fill the engine."""
     if configured is not None:
         return configured
     return max(1, min(MAX_DEFAULT_CONCURRENCY, max_num_seqs // 8))
@@ -39,6 +39,8 @@ class SlotView:
     """Its engine is loaded (it has sent a ready heartbeat)."""
     open: bool = True
     """It takes new work (not draining, exited or lapsed)."""
+    model: str = ""
+    """The model its engine serves."""
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Placement:
     assign: list[tuple[QueuedShard, str]] = field(default_factory=list)
     """Shards for existing slots: (shard, slot name)."""
     new_slots: list[list[QueuedShard]] = field(default_factory=list)
-    """Shards for each slot to start now."""
+    """Shards for each slot to start now (all of one model)."""
     waiting: list[QueuedShard] = field(default_factory=list)
     """Shards left in the queue (no room, no slot to start)."""
 
@@ -64,12 +66,15 @@ def place(
     )
     startable = max(0, desired - sum(1 for s in slots if s.open))
     for shard in order_queue(queued):
-        slot = next((s for s in ranked if free[s.name] > 0), None)
+        slot = next((s for s in ranked if s.model == shard.model and free[s.name] > 0), None)
+        filling = next(
+            (g for g in result.new_slots if g[0].model == shard.model and len(g) < capacity), None
+        )
         if slot is not None:
             free[slot.name] -= 1
             result.assign.append((shard, slot.name))
-        elif result.new_slots and len(result.new_slots[-1]) < capacity:
-            result.new_slots[-1].append(shard)
+        elif filling is not None:
+            filling.append(shard)
         elif len(result.new_slots) < startable:
             result.new_slots.append([shard])
         else:

@@ -62,9 +62,6 @@ class ShardStats:
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
-    request_seconds: float = 0.0
-    """Sum of the requests' time in the engine (this run): the shard's share of a slot's busy
-    time."""
 
 
 class ShardRunner:
@@ -294,7 +291,6 @@ class ShardRunner:
 
     async def _run_one(self, request: EngineRequest) -> None:
         try:
-            started = time.monotonic()
             try:
                 result = await self.engine.handle(request)
             except EngineDead as exc:
@@ -317,7 +313,6 @@ class ShardRunner:
                     self._fail_engine(dead)
                     return
             self._last_result = time.monotonic()
-            self.stats.request_seconds += self._last_result - started
             self._record(self._line(request.custom_id, result))
         finally:
             self.stats.in_flight -= 1

@@ -84,44 +84,80 @@ class ChannelAssignments:
         await asyncio.to_thread(self.channel.write_heartbeat, heartbeat)
 
 
-class MeteredEngine(Engine):
-    """The slot's engine, timing when at least one request is inside it (busy time)."""
+class BusyLedger:
+    """The slot's busy time and each shard's share of it.
 
-    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
-        self.inner = engine
-        self.name = engine.name
+    Busy means at least one request is in the engine. While ``n`` requests are in it, each
+    accrues ``1/n`` of the time to its shard, so the shares add up to the busy time exactly:
+    GPU-time billing charges a batch its shards' shares, never a warm slot's idle time.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.in_engine = 0
-        self._busy = 0.0
-        self._busy_since = 0.0
+        self.busy = 0.0
+        self._in_engine: dict[str, int] = {}
+        self._shares: dict[str, float] = {}
+        self._last = clock()
+
+    def _settle(self) -> None:
+        now = self.clock()
+        elapsed, self._last = now - self._last, now
+        total = sum(self._in_engine.values())
+        if total:
+            self.busy += elapsed
+            for key, count in self._in_engine.items():
+                self._shares[key] = self._shares.get(key, 0.0) + elapsed * count / total
+
+    def enter(self, key: str) -> None:
+        self._settle()
+        self._in_engine[key] = self._in_engine.get(key, 0) + 1
+
+    def leave(self, key: str) -> None:
+        self._settle()
+        self._in_engine[key] -= 1
+        if not self._in_engine[key]:
+            del self._in_engine[key]
+
+    def share(self, key: str) -> float:
+        self._settle()
+        return self._shares.get(key, 0.0)
+
+    def busy_seconds(self) -> float:
+        self._settle()
+        return self.busy
+
+    def in_engine(self) -> int:
+        return sum(self._in_engine.values())
+
+
+class LedgerEngine(Engine):
+    """The slot's engine as one shard sees it: its requests timed in the shared ledger."""
+
+    def __init__(self, engine: Engine, ledger: BusyLedger, key: str) -> None:
+        self.inner = engine
+        self.ledger = ledger
+        self.key = key
+        self.name = engine.name
 
     @property
     def max_num_seqs(self) -> int:
         return self.inner.max_num_seqs
 
-    def busy_seconds(self) -> float:
-        now = self.clock()
-        return self._busy + (now - self._busy_since if self.in_engine else 0.0)
-
     async def start(self) -> None:
         await self.inner.start()
 
     async def handle(self, request: EngineRequest) -> EngineResult:
-        if self.in_engine == 0:
-            self._busy_since = self.clock()
-        self.in_engine += 1
+        self.ledger.enter(self.key)
         try:
             return await self.inner.handle(request)
         finally:
-            self.in_engine -= 1
-            if self.in_engine == 0:
-                self._busy += self.clock() - self._busy_since
+            self.ledger.leave(self.key)
 
     def dead_reason(self) -> str | None:
         return self.inner.dead_reason()
 
     async def close(self) -> None:
-        await self.inner.close()
+        return None  # the slot closes the shared engine
 
 
 @dataclass
@@ -129,6 +165,7 @@ class _Run:
     assignment: Assignment
     runner: ShardRunner
     task: asyncio.Task[Outcome]
+    ledger_key: str
     revoked: bool = False
 
 
@@ -174,7 +211,7 @@ class Slot:
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def __post_init__(self) -> None:
-        self.metered = MeteredEngine(self.engine, self.clock)
+        self.ledger = BusyLedger(self.clock)
         self.ready_at_wall = self.wall()  # the slot is built once its engine is loaded
         self.started_at = self.process_started_at or self.ready_at_wall
         self.ready_at = self.clock()
@@ -251,14 +288,18 @@ class Slot:
         fence = None
         if assignment.lease_key is not None:
             fence = LeaseFence(store, assignment.lease_key, assignment.generation)
-        runner = ShardRunner(spec, self.metered, store, input_store, fence=fence)
+        ledger_key = f"{key}#{len(self.runners)}"  # one per run: a re-run starts from zero
+        engine = LedgerEngine(self.engine, self.ledger, ledger_key)
+        runner = ShardRunner(spec, engine, store, input_store, fence=fence)
+        runner.results.busy_share = lambda: self.ledger.share(ledger_key)
         self.runners.append(runner)
         if self.on_runner is not None:
             self.on_runner(runner)
         task = asyncio.ensure_future(runner.run())
         task.add_done_callback(lambda _: self._wake.set())
-        self._running[key] = _Run(assignment, runner, task)
-        self.reports[key] = self._report(key, assignment, runner, "running")
+        run = _Run(assignment, runner, task, ledger_key)
+        self._running[key] = run
+        self.reports[key] = self._report(key, run, "running")
         log.info(
             "slot %s: shard %s of %s started (generation %d)",
             self.settings.name,
@@ -275,21 +316,19 @@ class Slot:
             del self._running[key]
             outcome = run.task.result()
             self.outcomes.append(outcome)
-            self.reports[key] = self._report(key, run.assignment, run.runner, _STATE[outcome])
+            self.reports[key] = self._report(key, run, _STATE[outcome])
             if not self._running:
                 self._idle_since = self.clock()
 
-    def _report(
-        self, key: str, assignment: Assignment, runner: ShardRunner, state: ShardState
-    ) -> ShardReport:
+    def _report(self, key: str, run: _Run, state: ShardState) -> ShardReport:
         return ShardReport(
             key=key,
-            generation=assignment.generation,
+            generation=run.assignment.generation,
             state=state,
-            completed=runner.stats.completed,
-            failed=runner.stats.failed,
-            request_seconds=round(runner.stats.request_seconds, 3),
-            message=runner.message if state != "running" else None,
+            completed=run.runner.stats.completed,
+            failed=run.runner.stats.failed,
+            busy_seconds=round(self.ledger.share(run.ledger_key), 3),
+            message=run.runner.message if state != "running" else None,
         )
 
     def _engine_failed(self) -> bool:
@@ -318,7 +357,7 @@ class Slot:
             return
         self._last_heartbeat = now
         self._seq = max(self._seq + 1, int(self.wall() * 1000))
-        busy = self.metered.busy_seconds()
+        busy = self.ledger.busy_seconds()
         heartbeat = SlotHeartbeat(
             slot=self.settings.name,
             seq=self._seq,
@@ -339,4 +378,4 @@ class Slot:
         run = self._running.get(key)
         if run is None:
             return report
-        return self._report(key, run.assignment, run.runner, "running")
+        return self._report(key, run, "running")

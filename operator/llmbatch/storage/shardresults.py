@@ -23,6 +23,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -107,6 +108,11 @@ class Progress(BaseModel):
     started_at: float = 0.0
     updated_at: float = 0.0
     attempts: int = Field(default=1, description="Executor runs that worked on this shard.")
+    busy_seconds: float = Field(
+        default=0.0,
+        description="The shard's share of its slots' busy time, over all its runs: while n "
+        "requests are in an engine each accrues 1/n of the time (GPU-time billing).",
+    )
 
 
 @dataclass
@@ -195,6 +201,9 @@ class ShardResults:
         #: can replace another writer's chunk; duplicates across writers are dropped by custom_id
         #: when chunks are scanned and merged.
         self.writer: str | None = None if store.atomic_if_absent() else uuid.uuid4().hex[:16]
+        #: This run's share of its slot's busy time so far (set by the runner on a slot).
+        self.busy_share: Callable[[], float] | None = None
+        self._busy_before = 0.0
 
     # --- reading what is committed -------------------------------------------------------------
 
@@ -204,6 +213,7 @@ class ShardResults:
         now = time.time()
         self.progress.started_at = previous.started_at if previous else now
         self.progress.attempts = previous.attempts + 1 if previous else 1
+        self._busy_before = previous.busy_seconds if previous else 0.0
         self._scan()
 
     def _read_progress(self) -> Progress | None:
@@ -327,6 +337,8 @@ class ShardResults:
     def write_progress(self, **changes: Any) -> None:
         for name, value in changes.items():
             setattr(self.progress, name, value)
+        if self.busy_share is not None:
+            self.progress.busy_seconds = round(self._busy_before + self.busy_share(), 3)
         self.progress.updated_at = time.time()
         self.store.put(f"{self.prefix}/{PROGRESS_NAME}", self.progress.model_dump_json().encode())
 

@@ -1,6 +1,7 @@
-"""The ``finalizing`` and ``cancelling`` phases: stop the shard Jobs, merge the chunks into the
-output and error files (a line for every request), publish them as BatchFiles, fix the cost and
-end the batch completed, cancelled, expired — or failed when its pool was deleted."""
+"""The ``finalizing`` and ``cancelling`` phases: take the shards back from their slots, merge
+the chunks into the output and error files (a line for every request), publish them as
+BatchFiles, fix the cost and end the batch completed, cancelled, expired — or failed when its
+pool was deleted."""
 
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ from llmbatch.api.resources import (
     ShardStatus,
     Usage,
 )
+from llmbatch.api.slot import ShardLease
 from llmbatch.controller import metrics
 from llmbatch.controller.batches.deps import PhaseDeps
-from llmbatch.controller.batches.jobstate import gpu_time_charge, job_finished
+from llmbatch.controller.batches.gputime import gpu_time_charge
 from llmbatch.controller.batches.merge import MergedResults, ShardOutcome, merge_shard_outputs
 from llmbatch.controller.batches.step import BatchView, Step, error, transition
-from llmbatch.controller.jobs import LABEL_BATCH_UID
+from llmbatch.controller.jobs import LABEL_BATCH_UID, LABEL_POOL
+from llmbatch.controller.slots import work_key
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
+from llmbatch.storage.slotchannel import SlotChannel, read_lease, write_lease
 
 log = logging.getLogger("llmbatch.controller.batches")
 
@@ -41,34 +45,63 @@ class Finalization(PhaseDeps):
         pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
         return None if pool is None else pool.worker_namespace
 
-    async def remove_jobs(self, batch: BatchView) -> None:
-        """Delete every Job of the batch (at the end, and when the Batch is deleted)."""
-        namespace = await self.worker_namespace(batch)
-        if namespace is None:
-            return
-        for job in await self.kube.list_jobs(namespace, f"{LABEL_BATCH_UID}={batch.uid}"):
-            await self.kube.delete_job(namespace, job["metadata"]["name"])
+    async def _leases(self, batch: BatchView) -> list[tuple[ShardStatus, ShardLease]]:
+        found = []
+        for shard in batch.status.shards or []:
+            prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+            lease = await asyncio.to_thread(read_lease, self.store, keys.shard_lease_key(prefix))
+            if lease is not None and lease.slot:
+                found.append((shard, lease))
+        return found
 
-    async def _stop_jobs(self, batch: BatchView) -> bool:
-        """Delete the batch's unfinished Jobs; True once no shard process can still write."""
+    def _channel(self, batch: BatchView, slot: str) -> SlotChannel:
+        return SlotChannel(self.store, keys.slot_prefix(batch.status.pool or "", slot))
+
+    async def release_shards(self, batch: BatchView) -> None:
+        """Take the batch's shards back from their slots (when the Batch is deleted)."""
+        for shard, lease in await self._leases(batch):
+            channel = self._channel(batch, lease.slot)
+            await asyncio.to_thread(channel.revoke, work_key(batch.uid, shard.index))
+
+    async def _stop_shards(self, batch: BatchView) -> bool:
+        """Take the batch's shards back from their slots; True once none can still write.
+
+        A slot stops feeding a revoked shard and commits what finished; once no live slot
+        reports it running, its lease moves to a new generation held by nobody, so a commit
+        of any straggler is refused and the merge sees the final set of chunks.
+        """
+        leases = await self._leases(batch)
         namespace = await self.worker_namespace(batch)
-        if namespace is None:
-            return True
-        selector = f"{LABEL_BATCH_UID}={batch.uid}"
-        stopped = False
-        for job in await self.kube.list_jobs(namespace, selector):
-            if job_finished(job)[0] is None:
-                await self.kube.delete_job(namespace, job["metadata"]["name"])
-                stopped = True
+        slots: set[str] = set()
+        if namespace is not None and leases:
+            selector = f"{LABEL_POOL}={batch.status.pool}"
+            slots = {j["metadata"]["name"] for j in await self.kube.list_jobs(namespace, selector)}
+        stopped = True
+        for shard, lease in leases:
+            key = work_key(batch.uid, shard.index)
+            channel = self._channel(batch, lease.slot)
+            await asyncio.to_thread(channel.revoke, key)
+            if lease.slot not in slots:
+                continue
+            beat = await asyncio.to_thread(channel.heartbeat)
+            reports = beat.shards if beat is not None and beat.state != "exited" else []
+            if any(r.key == key and r.state == "running" for r in reports):
+                stopped = False
         if stopped:
-            # Do not wait for the garbage collector: SIGTERM the shard processes now.
-            await self.kube.delete_pods(namespace, selector)
-        pods = await self.kube.list_pods(namespace, selector)
-        return all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+            for shard, lease in leases:
+                if lease.state in ("granted", "released"):
+                    prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+                    fenced = lease.model_copy(
+                        update={"generation": lease.generation + 1, "slot": "", "state": "released"}
+                    )
+                    await asyncio.to_thread(
+                        write_lease, self.store, keys.shard_lease_key(prefix), fenced
+                    )
+        return stopped
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
-        if not await self._stop_jobs(batch):
-            return  # shard processes still flushing; next round
+        if not await self._stop_shards(batch):
+            return  # slots still flushing the batch's shards; next round
         pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
         merged = await self._merge(batch)
         await self._publish(batch, merged, pool, now)
@@ -90,7 +123,6 @@ class Finalization(PhaseDeps):
         if merged.completed + failed != total:
             log.error("batch %s: %d + %d != %d", batch.name, merged.completed, failed, total)
         self._end(batch, step, merged, now, f"{merged.completed} completed, {failed} failed")
-        await self.remove_jobs(batch)
         metrics.REQUESTS.labels("completed").inc(merged.completed)
         metrics.REQUESTS.labels("failed").inc(merged.failed)
         metrics.TOKENS.labels("input").inc(merged.input_tokens)

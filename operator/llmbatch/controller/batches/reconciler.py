@@ -17,7 +17,7 @@ from typing import Any
 from llmbatch.api.resources import BatchBilling, BatchPoolSpec, Phase, RequestCounts
 from llmbatch.controller import metrics
 from llmbatch.controller.batches.finalize import Finalization
-from llmbatch.controller.batches.jobstate import gpu_time_charge
+from llmbatch.controller.batches.gputime import gpu_time_charge
 from llmbatch.controller.batches.run import ShardRuns
 from llmbatch.controller.batches.step import (
     TERMINAL,
@@ -161,7 +161,7 @@ class BatchReconciler:
         """Remove the batch's Jobs, work area and result bytes (their BatchFiles are owned)."""
         batch = BatchView.parse(body)
         await self._release_on_delete(batch)
-        await self.finalization.remove_jobs(batch)
+        await self.finalization.release_shards(batch)
         prefix = keys.work_prefix(batch.namespace, batch.uid) + "/"
         results = [
             keys.file_key(batch.namespace, keys.derived_file_id(batch.uid, purpose))

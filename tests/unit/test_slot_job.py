@@ -1,4 +1,4 @@
-"""The shard Job manifest: deterministic, restricted, suspended, preemption-aware."""
+"""The slot Job manifest: deterministic, restricted, preemption-aware."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from llmbatch.api.resources import BatchPoolSpec, ModelCache
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import EXIT_BAD_CONFIG, EXIT_PREEMPTED, build_shard_job
+from llmbatch.controller.jobs import EXIT_BAD_CONFIG, EXIT_PREEMPTED, build_slot_job
 
 POOL = BatchPoolSpec.model_validate(
     {
@@ -30,26 +30,19 @@ def job(**overrides: Any) -> dict[str, Any]:
         "config": CONFIG,
         "pool_name": "p",
         "pool": POOL,
-        "batch_namespace": "team-a",
-        "batch_name": "batch-abc",
-        "batch_uid": "uid-1",
-        "tier": "standard",
-        "created_at": 5,
-        "shard_index": 3,
-        "shard_requests": 100,
-        "spec_key": "work/x/spec.json",
+        "slot": "p-slot-abc123",
+        "spec_key": "slots/p/p-slot-abc123/spec.json",
     }
     args.update(overrides)
-    return build_shard_job(**args)
+    return build_slot_job(**args)
 
 
-def test_deterministic_name_and_suspended() -> None:
+def test_deterministic_named_after_the_slot_and_never_suspended() -> None:
     first, second = job(), job()
     assert first == second
-    assert first["metadata"]["name"].endswith("-00003")
+    assert first["metadata"]["name"] == "p-slot-abc123"
     assert first["metadata"]["namespace"] == "workers"
-    assert first["spec"]["suspend"] is True
-    assert job(batch_uid="uid-2")["metadata"]["name"] != first["metadata"]["name"]
+    assert "suspend" not in first["spec"]
 
 
 def test_pod_is_restricted_and_has_no_token() -> None:
@@ -73,7 +66,8 @@ def test_gpus_selector_tolerations_and_secret_reference() -> None:
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert container["envFrom"] == [{"secretRef": {"name": "store-creds"}}]
     assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in container["env"]
-    assert container["args"] == ["--shard-spec", "s3://bucket?region=x#work/x/spec.json"]
+    assert container["args"] == ["--slot", "s3://bucket?region=x#slots/p/p-slot-abc123/spec.json"]
+    assert {"name": "LLMBATCH_SLOT", "value": "p-slot-abc123"} in container["env"]
     assert not any("SECRET" in e["name"] for e in container["env"])
 
 
@@ -87,19 +81,19 @@ def test_pod_failure_policy_ignores_preemption_and_fails_bad_config() -> None:
     )
 
 
-def test_labels_annotations_and_priority_class() -> None:
+def test_labels_and_priority_class() -> None:
     manifest = job(
-        tier="expedited",
         config=OperatorConfig(
             store_uri="file:///s", executor_store_uri="file:///s", priority_class_prefix="llmbatch"
         ),
     )
-    assert manifest["metadata"]["labels"]["llmbatch.io/batch-uid"] == "uid-1"
-    assert manifest["metadata"]["annotations"]["llmbatch.io/batch"] == "team-a/batch-abc"
-    assert manifest["metadata"]["annotations"]["llmbatch.io/tier"] == "expedited"
+    labels = manifest["metadata"]["labels"]
+    assert labels["llmbatch.io/pool"] == "p"
+    assert labels["llmbatch.io/slot"] == "p-slot-abc123"
     pod = manifest["spec"]["template"]
-    assert pod["metadata"]["labels"] == manifest["metadata"]["labels"]
-    assert pod["spec"]["priorityClassName"] == "llmbatch-expedited"
+    assert pod["metadata"]["labels"] == labels
+    # A slot serves every tier of its pool: tiers are ordered by the scheduler and the engine.
+    assert pod["spec"]["priorityClassName"] == "llmbatch-standard"
 
 
 def test_model_cache_and_shared_memory_volumes() -> None:

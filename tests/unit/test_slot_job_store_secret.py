@@ -1,4 +1,4 @@
-"""Store credentials of shard pods: the pool's Secret, else the operator-wide default (the chart's
+"""Store credentials of slot pods: the pool's Secret, else the operator-wide default (the chart's
 ``store.secretName``), as environment variables like the operator's and the gateway's."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import build_shard_job
+from llmbatch.controller.jobs import build_slot_job
 
 
 def _pool(**executor: Any) -> BatchPoolSpec:
@@ -23,18 +23,12 @@ def _pool(**executor: Any) -> BatchPoolSpec:
 
 
 def _env_from(pool: BatchPoolSpec, config: OperatorConfig) -> Any:
-    job = build_shard_job(
+    job = build_slot_job(
         config=config,
         pool_name="p",
         pool=pool,
-        batch_namespace="team-a",
-        batch_name="batch-abc",
-        batch_uid="uid-1",
-        tier="standard",
-        created_at=5,
-        shard_index=0,
-        shard_requests=10,
-        spec_key="work/x/spec.json",
+        slot="p-slot-1",
+        spec_key="slots/p/p-slot-1/spec.json",
     )
     return job["spec"]["template"]["spec"]["containers"][0].get("envFrom")
 

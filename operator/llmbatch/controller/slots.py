@@ -1,0 +1,466 @@
+"""The warm slots of one pool: their Jobs, their channels, and the shards placed on them.
+
+One round per call (the pool timer): observe every slot (its Job, heartbeat and assignments),
+settle the shard runs that ended (done, preempted, failed, or lost with their slot), then give
+the queue head to slots with room and start new slots only for what the drain targets need
+(``core.slots.place``). All state lives in the store and on the Jobs: per shard its lease
+(``api.slot.ShardLease``), per slot its channel; only when a heartbeat last changed is kept in
+memory, and a restarted operator simply starts timing again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
+from llmbatch.api.slot import Assignment, ShardLease, SlotHeartbeat, SlotSpec
+from llmbatch.controller import metrics
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.jobs import LABEL_POOL, LABEL_SLOT, build_slot_job, engine_args
+from llmbatch.controller.kube import Kube
+from llmbatch.core import keys, tiers
+from llmbatch.core.scheduling import QueuedShard
+from llmbatch.core.slots import (
+    RunningShard,
+    SlotView,
+    lease_lapsed,
+    place,
+    preemption_victims,
+    slot_concurrency,
+)
+from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.shardresults import read_progress
+from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, write_lease
+
+log = logging.getLogger("llmbatch.controller.slots")
+ANNOTATION_MODEL = "llmbatch.io/model"
+API_GROUP_VERSION = "llmbatch.io/v1alpha1"
+
+
+@dataclass(frozen=True)
+class Work:
+    """An unfinished shard of a running batch of the pool."""
+
+    queued: QueuedShard
+    key: str
+    """Its assignment key (``<batch uid>-<shard index>``)."""
+    spec_key: str
+    lease_key: str
+    requests: int
+    since: float
+    """When its batch started to run (the wait for a first assignment counts from there)."""
+
+
+@dataclass
+class ObservedSlot:
+    """One slot as this round sees it."""
+
+    name: str
+    model: str
+    channel: SlotChannel
+    heartbeat: SlotHeartbeat | None
+    assignments: dict[str, Assignment]
+    lost: str | None
+    """Why its shards must go elsewhere (Job ended, heartbeat lapsed); None while alive."""
+    exited: bool = False
+    """It ended by itself (idle, drained): what it still held is re-queued without blame."""
+
+    @property
+    def open(self) -> bool:
+        beat = self.heartbeat
+        return self.lost is None and (beat is None or beat.state in ("starting", "ready"))
+
+    def running(self) -> set[str]:
+        """Shards its last heartbeat says are still running (revoked ones included)."""
+        beat = self.heartbeat
+        return {r.key for r in beat.shards if r.state == "running"} if beat else set()
+
+
+@dataclass
+class SlotRound:
+    """What one round did, for the pool's status and Events."""
+
+    warm: int = 0
+    busy: int = 0
+    learned: list[tuple[int, float]] = field(default_factory=list)
+    """(requests, busy seconds) of each shard that finished this round (throughput)."""
+    waiting: list[QueuedShard] = field(default_factory=list)
+    """Shards still waiting for a slot after this round."""
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def work_key(batch_uid: str, shard_index: int) -> str:
+    return f"{batch_uid}-{shard_index:05d}"
+
+
+def new_slot_name(pool: str) -> str:
+    """A fresh slot (Job) name: ``<pool>-slot-<6 hex>``, at most 52 characters."""
+    return f"{pool[:40].rstrip('-.')}-slot-{secrets.token_hex(3)}"
+
+
+class SlotScheduler:
+    """Places shards on the warm slots of a pool, one round per call."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        config: OperatorConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._times: dict[str, tuple[float, float]] = {}
+
+    async def round(
+        self, name: str, pool: BatchPoolSpec, pool_uid: str | None, desired: int, now: float
+    ) -> SlotRound:
+        result = SlotRound()
+        namespace = pool.worker_namespace
+        jobs = await self.kube.list_jobs(namespace, f"{LABEL_POOL}={name},{LABEL_SLOT}")
+        work = await self._work(name)
+        slots = [
+            await self._observe(name, job, now)
+            for job in jobs
+            if not job["metadata"].get("deletionTimestamp")
+        ]
+        held, running = await self._settle(pool, slots, work, result)
+        for slot in slots:
+            if slot.lost is not None:
+                await self._remove(namespace, slot)
+        live = [s for s in slots if s.lost is None]
+        waiting = [w for w in work.values() if w.key not in held and await self._queued(w)]
+        capacity = slot_concurrency(pool.slot_concurrency, _max_num_seqs(pool))
+        views = [
+            SlotView(
+                name=s.name,
+                load=len(s.assignments.keys() | s.running()),
+                capacity=capacity,
+                ready=s.heartbeat is not None and s.heartbeat.state == "ready",
+                open=s.open,
+                model=s.model,
+            )
+            for s in live
+        ]
+        placement = place((w.queued for w in waiting), views, desired, capacity)
+        by_shard = {id(w.queued): w for w in waiting}
+        for shard, slot_name in placement.assign:
+            await self._assign(name, slot_name, by_shard[id(shard)], now)
+        for group in placement.new_slots:
+            started = await self._start_slot(
+                name, pool, pool_uid, [by_shard[id(q)] for q in group], now
+            )
+            result.events.append(
+                ("Normal", "SlotStarted", f"Started slot {started} for {len(group)} shards")
+            )
+        if pool.preemption == "LowerPriority" and placement.waiting:
+            await self._preempt(name, pool, live, running, placement.waiting, result)
+        result.waiting = placement.waiting
+        assigned = {slot for _, slot in placement.assign}
+        result.warm = sum(1 for s in live if s.open) + len(placement.new_slots)
+        result.busy = sum(1 for v in views if v.load or v.name in assigned)
+        result.busy += len(placement.new_slots)
+        return result
+
+    # --- observing ---------------------------------------------------------------------------
+
+    async def _work(self, pool_name: str) -> dict[str, Work]:
+        """Every unfinished shard of the pool's running batches (the queue and the placed)."""
+        found: dict[str, Work] = {}
+        for batch in await self.kube.list_custom("batches"):
+            status = batch.get("status") or {}
+            if status.get("pool") != pool_name or status.get("status") != "in_progress":
+                continue
+            meta, spec = batch["metadata"], batch.get("spec") or {}
+            uid, namespace = meta["uid"], meta["namespace"]
+            tier = tiers.tier_of(spec.get("priority"), spec.get("metadata"))
+            for shard in status.get("shards") or []:
+                if shard.get("phase") in ("Succeeded", "Failed"):
+                    continue
+                index = int(shard["index"])
+                prefix = keys.shard_prefix(namespace, uid, index)
+                queued = QueuedShard(
+                    batch=f"{namespace}/{meta['name']}",
+                    tier=tier,
+                    created_at=float(status.get("createdAt") or 0),
+                    shard_index=index,
+                    requests=int(shard.get("requestCount") or 0),
+                    model=str(status.get("model") or ""),
+                )
+                key = work_key(uid, index)
+                found[key] = Work(
+                    queued=queued,
+                    key=key,
+                    spec_key=keys.shard_spec_key(namespace, uid, index),
+                    lease_key=keys.shard_lease_key(prefix),
+                    requests=queued.requests,
+                    since=float(status.get("inProgressAt") or 0),
+                )
+        return found
+
+    async def _observe(self, pool_name: str, job: dict[str, Any], now: float) -> ObservedSlot:
+        name = job["metadata"]["name"]
+        channel = SlotChannel(self.store, keys.slot_prefix(pool_name, name))
+        heartbeat = await asyncio.to_thread(channel.heartbeat)
+        assignments = await asyncio.to_thread(channel.assignments)
+        seen = self._seen.get(name)
+        if heartbeat is not None and (seen is None or seen[0] != heartbeat.seq):
+            self._seen[name] = seen = (heartbeat.seq, now)
+            self._count_time(pool_name, name, heartbeat)
+        lost = _job_ended(job)
+        exited = lost == "slot Job complete"
+        if lost is None and lease_lapsed(
+            seen[1] if seen else None, now, self.config.slot_lease_seconds
+        ):
+            lost = f"no heartbeat for {self.config.slot_lease_seconds:g} s"
+        model = (job["metadata"].get("annotations") or {}).get(ANNOTATION_MODEL, "")
+        return ObservedSlot(name, model, channel, heartbeat, assignments, lost, exited)
+
+    def _count_time(self, pool_name: str, slot: str, heartbeat: SlotHeartbeat) -> None:
+        """Busy and idle slot-seconds, from the growth of the heartbeat's running totals."""
+        before = self._times.get(slot, (0.0, 0.0))
+        self._times[slot] = (heartbeat.busy_seconds, heartbeat.idle_seconds)
+        for state, value, old in (
+            ("busy", heartbeat.busy_seconds, before[0]),
+            ("idle", heartbeat.idle_seconds, before[1]),
+        ):
+            if value > old:  # a restarted slot process starts its totals again from zero
+                metrics.SLOT_SECONDS.labels(pool_name, state).inc(value - old)
+
+    async def _queued(self, work: Work) -> bool:
+        """Whether a shard that no slot holds waits for one (not done, not given up)."""
+        lease = await asyncio.to_thread(read_lease, self.store, work.lease_key)
+        return lease is None or lease.state in ("granted", "released")
+
+    # --- settling ended runs -----------------------------------------------------------------
+
+    async def _settle(
+        self,
+        pool: BatchPoolSpec,
+        slots: list[ObservedSlot],
+        work: dict[str, Work],
+        result: SlotRound,
+    ) -> tuple[set[str], list[RunningShard]]:
+        """Fold ended runs into their leases and take back what must stop; the shards still
+        held by a slot and the running ones (preemption candidates)."""
+        held: set[str] = set()
+        running: list[RunningShard] = []
+        for slot in slots:
+            if slot.lost is None:
+                held |= slot.running()
+            reports = {r.key: r for r in slot.heartbeat.shards} if slot.heartbeat else {}
+            for key, assignment in slot.assignments.items():
+                lease = await asyncio.to_thread(read_lease, self.store, _lease_key(assignment))
+                if lease is None or (lease.generation, lease.slot) != (
+                    assignment.generation,
+                    slot.name,
+                ):
+                    await asyncio.to_thread(slot.channel.revoke, key)  # a stale grant
+                    continue
+                report = reports.get(key)
+                ended = (
+                    None if report is None or report.generation != assignment.generation else report
+                )
+                if ended is not None and ended.state != "running":
+                    await self._end_run(
+                        pool, assignment, lease, ended.state, ended.message, work, result
+                    )
+                    await asyncio.to_thread(slot.channel.revoke, key)
+                elif slot.lost is not None:
+                    state = "preempted" if slot.exited else "lost"
+                    if slot.lost.startswith("slot Job failed"):
+                        state = "slot_failed"  # its pod's retries (backoffLimit) are spent
+                    await self._end_run(pool, assignment, lease, state, slot.lost, work, result)
+                elif key not in work:  # the batch is stopping (cancel, expiry, pool deleted)
+                    await asyncio.to_thread(slot.channel.revoke, key)
+                else:
+                    held.add(key)
+                    running.append(RunningShard(work[key].queued, key, lease.preemptions))
+        return held, running
+
+    async def _end_run(
+        self,
+        pool: BatchPoolSpec,
+        assignment: Assignment,
+        lease: ShardLease,
+        state: str,
+        message: str | None,
+        work: dict[str, Work],
+        result: SlotRound,
+    ) -> None:
+        """Record how a run of a shard ended on its lease: done, back to the queue, or failed."""
+        if state == "lease_lost":
+            return
+        shard = assignment.shard
+        if state == "done":
+            progress = await asyncio.to_thread(read_progress, self.store, shard.output_prefix)
+            item = work.get(assignment.key)
+            covered = 0 if progress is None else progress.completed + progress.failed
+            if (
+                progress is not None
+                and progress.done
+                and (item is None or covered >= item.requests)
+            ):
+                await self._write(assignment, lease, state="done", reason=None, message=None)
+                if item is not None:
+                    result.learned.append((item.requests, progress.busy_seconds))
+                return
+            metrics.SHARD_INCOMPLETE.inc()
+            missing = (item.requests if item else covered) - covered
+            state, message = (
+                "ShardIncomplete",
+                (
+                    f"shard {shard.shard_index} ended done with {max(missing, 0)} requests "
+                    "without a result"
+                ),
+            )
+        if state == "preempted":
+            await self._write(assignment, lease, state="released", reason=None, message=None)
+            return
+        reason = {
+            "engine_failed": "EngineFailed",
+            "store_failed": "StoreFailed",
+            "lost": "SlotLost",
+            "slot_failed": "SlotFailed",
+            "ShardIncomplete": "ShardIncomplete",
+        }.get(state, "ShardFailed")
+        attempts = lease.attempts + 1
+        give_up = attempts > pool.executor.backoff_limit or state == "slot_failed"
+        if give_up:
+            message = f"{message or reason}; gave up after {attempts} attempts"
+        await self._write(
+            assignment,
+            lease,
+            state="failed" if give_up else "released",
+            reason=reason,
+            message=(message or reason)[:1024],
+            attempts=attempts,
+        )
+        log.warning("shard %s: %s (%s), attempt %d", assignment.key, reason, message, attempts)
+
+    async def _write(self, assignment: Assignment, lease: ShardLease, **changes: Any) -> None:
+        updated = lease.model_copy(update=changes)
+        await asyncio.to_thread(write_lease, self.store, _lease_key(assignment), updated)
+
+    async def _remove(self, namespace: str, slot: ObservedSlot) -> None:
+        """A lost slot: delete its Job (a hung process with it) and its channel."""
+        self._seen.pop(slot.name, None)
+        self._times.pop(slot.name, None)
+        await self.kube.delete_job(namespace, slot.name)
+        await asyncio.to_thread(slot.channel.clear)
+
+    # --- placing -----------------------------------------------------------------------------
+
+    async def _assign(self, pool_name: str, slot: str, work: Work, now: float) -> None:
+        """Lease the shard to ``slot`` (a new generation fences earlier holders), then assign."""
+        raw = await asyncio.to_thread(self.store.get, work.spec_key)
+        spec = ShardSpec.model_validate_json(raw)
+        lease = await asyncio.to_thread(grant_lease, self.store, work.lease_key, slot, now)
+        if lease.generation == 1 and work.since:
+            metrics.SLOT_ASSIGNMENT_WAIT.labels(pool_name).observe(max(0.0, now - work.since))
+        assignment = Assignment(
+            shard=spec, lease_key=work.lease_key, generation=lease.generation, assigned_at=now
+        )
+        channel = SlotChannel(self.store, keys.slot_prefix(pool_name, slot))
+        await asyncio.to_thread(channel.assign, assignment)
+        metrics.SLOT_ASSIGNMENTS.labels(pool_name).inc()
+
+    async def _start_slot(
+        self,
+        pool_name: str,
+        pool: BatchPoolSpec,
+        pool_uid: str | None,
+        group: list[Work],
+        now: float,
+    ) -> str:
+        """Write a new slot's spec and first assignments, then create its Job."""
+        slot = new_slot_name(pool_name)
+        prefix = keys.slot_prefix(pool_name, slot)
+        model_name = group[0].queued.model
+        model = next((m for m in pool.models if m.name == model_name), pool.models[0])
+        spec = SlotSpec(
+            pool=pool_name,
+            slot=slot,
+            store=self.config.executor_store_uri,
+            channel_prefix=prefix,
+            model=ModelRef(name=model.name, path=model.source),
+            engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
+            concurrency=slot_concurrency(pool.slot_concurrency, _max_num_seqs(pool)),
+            idle_seconds=pool.idle_seconds,
+            heartbeat_seconds=self.config.slot_heartbeat_seconds,
+            poll_seconds=self.config.slot_poll_seconds,
+        )
+        spec_key = f"{prefix}/spec.json"
+        await asyncio.to_thread(self.store.put, spec_key, spec.model_dump_json().encode())
+        for work in group:
+            await self._assign(pool_name, slot, work, now)
+        job = build_slot_job(
+            config=self.config, pool_name=pool_name, pool=pool, slot=slot, spec_key=spec_key
+        )
+        job["metadata"]["annotations"] = {ANNOTATION_MODEL: model.name}
+        if pool_uid:
+            job["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": API_GROUP_VERSION,
+                    "kind": "BatchPool",
+                    "name": pool_name,
+                    "uid": pool_uid,
+                }
+            ]
+        await self.kube.create_or_adopt_job(job)
+        metrics.SLOT_STARTS.labels(pool_name).inc()
+        return slot
+
+    async def _preempt(
+        self,
+        pool_name: str,
+        pool: BatchPoolSpec,
+        slots: list[ObservedSlot],
+        running: list[RunningShard],
+        waiting: list[QueuedShard],
+        result: SlotRound,
+    ) -> None:
+        """Take lower-tier shards back for expedited ones still waiting: the slot stops feeding
+        them and commits what finished; they wait in the queue and resume from their chunks."""
+        holders = {key: s for s in slots for key in s.assignments}
+        for victim in preemption_victims(waiting, running, pool.max_preemptions_per_shard):
+            slot = holders[victim.key]
+            assignment = slot.assignments[victim.key]
+            lease = await asyncio.to_thread(read_lease, self.store, _lease_key(assignment))
+            if lease is not None:
+                await self._write(assignment, lease, preemptions=lease.preemptions + 1)
+            await asyncio.to_thread(slot.channel.revoke, victim.key)
+            result.events.append(
+                (
+                    "Normal",
+                    "Preempted",
+                    f"Took shard {victim.key} back from {slot.name} for expedited work",
+                )
+            )
+
+
+def _lease_key(assignment: Assignment) -> str:
+    return keys.shard_lease_key(assignment.shard.output_prefix)
+
+
+def _job_ended(job: dict[str, Any]) -> str | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") in ("Complete", "Failed"):
+            detail = cond.get("message") or cond.get("reason") or ""
+            return f"slot Job {cond['type'].lower()}" + (f": {detail}" if detail else "")
+    return None
+
+
+def _max_num_seqs(pool: BatchPoolSpec) -> int:
+    value = engine_args(pool).get("max_num_seqs")
+    return int(value) if isinstance(value, int) else 256

@@ -1,0 +1,76 @@
+"""Placing shards on warm slots (core.slots): pack onto loaded engines first, start a slot only
+when none has room and the desired count allows, one model per slot, preemption victims."""
+
+from __future__ import annotations
+
+from llmbatch.core.scheduling import QueuedShard
+from llmbatch.core.slots import (
+    RunningShard,
+    SlotView,
+    lease_lapsed,
+    place,
+    preemption_victims,
+    slot_concurrency,
+)
+
+
+def shard(batch: str, index: int = 0, tier: str = "standard", model: str = "m") -> QueuedShard:
+    return QueuedShard(batch=batch, tier=tier, created_at=1.0, shard_index=index, model=model)
+
+
+def test_the_queue_head_goes_to_a_warm_slot_with_room_before_a_new_slot() -> None:
+    slots = [
+        SlotView("cold", load=0, capacity=2, ready=False, model="m"),
+        SlotView("warm", load=1, capacity=2, ready=True, model="m"),
+    ]
+    result = place([shard("a"), shard("b"), shard("c")], slots, desired=5, capacity=2)
+    assert [(q.batch, s) for q, s in result.assign] == [("a", "warm"), ("b", "cold"), ("c", "cold")]
+    assert result.new_slots == []
+
+
+def test_small_batches_pack_onto_the_fullest_loaded_engine() -> None:
+    slots = [SlotView("x", 0, 4, True, model="m"), SlotView("y", 3, 4, True, model="m")]
+    result = place([shard("a")], slots, desired=2, capacity=4)
+    assert [s for _, s in result.assign] == ["y"]
+
+
+def test_new_slots_only_up_to_the_desired_count_then_the_rest_waits() -> None:
+    result = place([shard(f"b{i}") for i in range(5)], [], desired=2, capacity=2)
+    assert [len(g) for g in result.new_slots] == [2, 2]
+    assert [q.batch for q in result.waiting] == ["b4"]
+
+
+def test_a_slot_serves_one_model() -> None:
+    slots = [SlotView("m-slot", load=0, capacity=4, ready=True, model="m")]
+    result = place([shard("a", model="other")], slots, desired=2, capacity=4)
+    assert result.assign == []
+    assert [[q.model for q in g] for g in result.new_slots] == [["other"]]
+
+
+def test_a_draining_slot_takes_nothing_and_does_not_count_as_open() -> None:
+    slots = [SlotView("s", load=0, capacity=4, ready=True, open=False, model="m")]
+    result = place([shard("a")], slots, desired=1, capacity=4)
+    assert result.assign == []
+    assert [[q.batch for q in g] for g in result.new_slots] == [["a"]]
+
+
+def test_expedited_takes_back_the_newest_lowest_tier_shards_within_the_limit() -> None:
+    running = [
+        RunningShard(QueuedShard("old", "standard", 1.0, 0), "old-0", 0),
+        RunningShard(QueuedShard("new", "standard", 9.0, 0), "new-0", 0),
+        RunningShard(QueuedShard("flex", "flex", 5.0, 0), "flex-0", 0),
+        RunningShard(QueuedShard("tired", "flex", 6.0, 0), "tired-0", 3),
+        RunningShard(QueuedShard("exp", "expedited", 1.0, 0), "exp-0", 0),
+    ]
+    waiting = [shard("e1", tier="expedited"), shard("e2", tier="expedited"), shard("s")]
+    victims = preemption_victims(waiting, running, max_per_shard=3)
+    assert [v.key for v in victims] == ["flex-0", "new-0"]
+
+
+def test_concurrency_default_and_lease_lapse() -> None:
+    assert slot_concurrency(None, 256) == 8
+    assert slot_concurrency(None, 4) == 1
+    assert slot_concurrency(3, 256) == 3
+    assert not lease_lapsed(None, now=1000, lease_seconds=30)  # never started: no lapse
+    assert not lease_lapsed(990, now=1000, lease_seconds=30)
+    assert lease_lapsed(960, now=1000, lease_seconds=30)
