@@ -24,6 +24,7 @@ from tests.fixtures.operator import ROOT, WORKER_NAMESPACE, OperatorProcess, sim
 from tests.fixtures.s3server import S3Server
 
 POOL = "faults-sim"
+MAX_SLOTS = 3
 MODEL = "fault-model"
 GATEWAY_NAMESPACE = "llmbatch-gateway-faults"
 
@@ -116,7 +117,7 @@ def fault_stack(
             POOL,
             MODEL,
             shardRequests=5,
-            maxSlots=3,
+            maxSlots=MAX_SLOTS,
             executor={"engineArgs": ["--latency-seconds=0.05"], "backoffLimit": 6},
         )
         kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(pool))

@@ -26,7 +26,8 @@ import openai
 import orjson
 import pytest
 
-from tests.faults.conftest import MODEL, FaultStack
+from llmbatch.storage import open_store
+from tests.faults.conftest import MAX_SLOTS, MODEL, POOL, FaultStack
 from tests.faults.invariants import TERMINAL, check_batch, lines
 from tests.fixtures.cluster import pids_with_environ
 
@@ -105,12 +106,9 @@ def tcp_fault(rng: random.Random) -> Fault:
     )
 
 
-def _pids_of_batch(uid: str) -> list[int]:
-    """The executor processes of a batch's shard pods (the node agent runs pods as processes)."""
-    from llmbatch.core.ids import shard_job_name
-
-    prefix = shard_job_name(uid, 0).rsplit("-", 1)[0].encode()
-    return pids_with_environ(b"LLMBATCH_SHARD_JOB=" + prefix)
+def _pids_of_slots() -> list[int]:
+    """The executor processes of the pool's slot pods (the node agent runs pods as processes)."""
+    return pids_with_environ(b"LLMBATCH_SLOT=" + POOL.encode() + b"-slot-")
 
 
 def crash_fault(rng: random.Random, uid_of: Callable[[], str | None]) -> Fault:
@@ -133,12 +131,12 @@ def crash_fault(rng: random.Random, uid_of: Callable[[], str | None]) -> Fault:
             if uid is None:
                 return
             if victim == "executor":
-                for pid in _pids_of_batch(uid):
+                for pid in _pids_of_slots():
                     os.kill(pid, signal.SIGKILL)
             else:
                 stack.kubectl(
                     "delete", "pods", "-n", "llmbatch-workers", "-l",
-                    f"llmbatch.io/batch-uid={uid}", "--grace-period=0", "--force", "--wait=false",
+                    f"llmbatch.io/pool={POOL}", "--grace-period=0", "--force", "--wait=false",
                     check=False,
                 )  # fmt: skip
 
@@ -207,14 +205,20 @@ def _pick(rng: random.Random, uid_of: Callable[[], str | None]) -> Fault:
 
 
 def _leftovers(stack: FaultStack, uid: str) -> list[str]:
-    """Jobs or pods of the batch still there some seconds after it ended."""
+    """Work of the batch still placed on a slot some seconds after it ended, or more slot Jobs
+    than the pool allows (slots themselves stay warm between batches by design)."""
+    store = open_store(stack.s3.uri(stack.bucket))
     deadline = time.monotonic() + 30
     while True:
-        left = []
-        for kind in ("jobs", "pods"):
-            items = stack.get_json(kind, "-n", "llmbatch-workers", "-l",
-                                   f"llmbatch.io/batch-uid={uid}")["items"]  # fmt: skip
-            left += [f"{kind}/{i['metadata']['name']}" for i in items]
+        left = [
+            info.key
+            for info in store.list(f"slots/{POOL}/")
+            if "/assignments/" in info.key and info.key.rsplit("/", 1)[1].startswith(uid)
+        ]
+        slots = stack.get_json("jobs", "-n", "llmbatch-workers", "-l", f"llmbatch.io/pool={POOL}")
+        active = [j for j in slots["items"] if not (j.get("status") or {}).get("conditions")]
+        if len(active) > MAX_SLOTS:
+            left.append(f"{len(active)} slot Jobs > maxSlots {MAX_SLOTS}")
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(1)

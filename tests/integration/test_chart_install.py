@@ -28,7 +28,7 @@ import yaml
 
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import build_shard_job
+from llmbatch.controller.jobs import build_slot_job
 from llmbatch.core.keys import file_key
 from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes
 from llmbatch.storage.filesystem import FilesystemStore
@@ -318,20 +318,14 @@ def test_pod_security_restricted_accepts_every_pod(install: Install) -> None:
     pool = BatchPoolSpec.model_validate(
         install.json("get", "batchpool", POOL)["spec"] | {"executor": {"engine": "simulated"}}
     )
-    job = build_shard_job(
+    job = build_slot_job(
         config=OperatorConfig(
             store_uri="file:///s", executor_store_uri="file:///s", priority_class_prefix="llmbatch"
         ),
         pool_name=POOL,
         pool=pool,
-        batch_namespace=TENANT,
-        batch_name="batch-dryrun",
-        batch_uid=str(uuid.uuid4()),
-        tier="expedited",
-        created_at=1,
-        shard_index=0,
-        shard_requests=10,
-        spec_key="work/x/spec.json",
+        slot=f"{POOL}-slot-dryrun",
+        spec_key=f"slots/{POOL}/{POOL}-slot-dryrun/spec.json",
     )
     job["metadata"].pop("namespace", None)
     _dry_run(install, job, WORKERS)
@@ -348,7 +342,7 @@ def test_upgrade_with_a_batch_in_flight_loses_nothing(install: Install) -> None:
     name = install.submit(60)
     install.wait_status(name, "in_progress")
     jobs = install.wait(
-        "shard Jobs", lambda: install.json("get", "jobs", "-n", WORKERS)["items"], timeout=60
+        "slot Jobs", lambda: install.json("get", "jobs", "-n", WORKERS)["items"], timeout=60
     )
     classes = {j["spec"]["template"]["spec"].get("priorityClassName") for j in jobs}
     assert classes == {"llmbatch-standard"}
@@ -419,7 +413,7 @@ def test_killed_operator_and_gateway_containers_restart_and_lose_nothing(
 def test_uninstall_leaves_no_job(install: Install) -> None:
     name = install.submit(60)
     install.wait(
-        "a shard Job",
+        "a slot Job",
         lambda: install.json("get", "jobs", "-n", WORKERS)["items"],
         timeout=120,
     )

@@ -216,9 +216,10 @@ def batch_uid(cluster: Any, namespace: str, name: str) -> str:
     return uid
 
 
-def batch_jobs(cluster: Any, uid: str) -> list[dict[str, Any]]:
+def pool_slots(cluster: Any, pool: str) -> list[dict[str, Any]]:
+    """The pool's slot Jobs (``kubectl get jobs -l llmbatch.io/pool=NAME``)."""
     items: list[dict[str, Any]] = kubectl_json(
-        cluster, "get", "jobs", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/batch-uid={uid}"
+        cluster, "get", "jobs", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/pool={pool}"
     )["items"]
     return items
 
@@ -276,8 +277,11 @@ def test_happy_path_two_shards(
     )
     assert "Validated" in events
     assert "Completed" in events
-    # the finished batch's Jobs are cleaned up
-    wait_for(lambda: not batch_jobs(cluster, uid), 60, "shard Jobs removed")
+    # one warm slot ran both shards (slotConcurrency from max_num_seqs); it stays up, idle
+    (slot,) = pool_slots(cluster, pool)
+    assert {s["job"] for s in status["shards"]} == {slot["metadata"]["name"]}
+    pool_status = kubectl_json(cluster, "get", "batchpool", pool)["status"]
+    assert pool_status["warmSlots"] == 1
     printed = cluster.kubectl("get", "batches", "-n", namespace)
     assert "completed" in printed
     assert "20" in printed
@@ -325,7 +329,7 @@ def test_invalid_input_fails_without_jobs(
         ("stream_not_supported", 7),
         ("missing_output_token_limit", 8),  # seed 000, on this catalog (Tokens) pool
     ]
-    assert batch_jobs(cluster, batch["metadata"]["uid"]) == []
+    assert pool_slots(cluster, pool) == []
 
 
 def test_rows_without_an_output_limit_fail_a_catalog_batch_not_a_relaxed_private_one(
@@ -493,7 +497,7 @@ def test_failing_shard_becomes_shard_failed_lines(
     assert "its unfinished requests become shard_failed" in events
 
 
-def test_operator_killed_after_job_creation_resumes_exactly(
+def test_operator_killed_with_a_slot_running_resumes_exactly(
     cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
 ) -> None:
     pool = make_pool(
@@ -503,16 +507,14 @@ def test_operator_killed_after_job_creation_resumes_exactly(
         engine_args=["--latency-seconds=0.2", "--max-num-seqs=2"],
     )
     name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(30))
-    uid = batch_uid(cluster, namespace, name)
-    wait_for(lambda: batch_jobs(cluster, uid), 60, "first shard Job", operator_process.logs)
+    wait_for(lambda: pool_slots(cluster, pool), 60, "a slot Job", operator_process.logs)
     operator_process.restart()  # SIGKILL: whatever status patch was pending is lost
     batch = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=240)
     status = batch["status"]
     outputs = read_lines(operator_process, namespace, status["outputFileID"])
     assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(30))
     assert_accounted(status, outputs, [])
-    job_names = [s["job"] for s in status["shards"]]
-    assert len(job_names) == len(set(job_names)) == 3
+    assert all(s["job"] for s in status["shards"])  # the slot that ran each shard
 
 
 def test_deleted_executor_pod_is_retried_without_duplicates(
@@ -526,11 +528,10 @@ def test_deleted_executor_pod_is_retried_without_duplicates(
         engine_args=["--latency-seconds=0.5", "--max-num-seqs=2"],
     )
     name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(40))
-    uid = batch_uid(cluster, namespace, name)
 
     def running_pod() -> str | None:
         pods = kubectl_json(
-            cluster, "get", "pods", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/batch-uid={uid}"
+            cluster, "get", "pods", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/pool={pool}"
         )["items"]
         counts = (get_batch(cluster, namespace, name).get("status") or {}).get(
             "requestCounts"

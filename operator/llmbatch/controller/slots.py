@@ -167,6 +167,8 @@ class SlotScheduler:
             await self._preempt(name, pool, live, running, placement.waiting, result)
         result.waiting = placement.waiting
         assigned = {slot for _, slot in placement.assign}
+        busy = assigned | {v.name for v in views if v.load}
+        await self._scale_down(live, busy, desired, result)
         result.warm = sum(1 for s in live if s.open) + len(placement.new_slots)
         result.busy = sum(1 for v in views if v.load or v.name in assigned)
         result.busy += len(placement.new_slots)
@@ -420,6 +422,19 @@ class SlotScheduler:
         await self.kube.create_or_adopt_job(job)
         metrics.SLOT_STARTS.labels(pool_name).inc()
         return slot
+
+    async def _scale_down(
+        self, slots: list[ObservedSlot], busy: set[str], desired: int, result: SlotRound
+    ) -> None:
+        """More open slots than the autoscaler wants (its cool-down has passed): drain idle
+        ones. A draining slot takes no new shard and exits; busy slots finish their work."""
+        open_slots = [s for s in slots if s.open]
+        idle = [s for s in open_slots if s.name not in busy]
+        for slot in sorted(idle, key=lambda s: s.name)[: max(0, len(open_slots) - desired)]:
+            if await asyncio.to_thread(slot.channel.drain_requested):
+                continue
+            await asyncio.to_thread(slot.channel.request_drain)
+            result.events.append(("Normal", "SlotDrained", f"Draining idle slot {slot.name}"))
 
     async def _preempt(
         self,

@@ -148,7 +148,7 @@ class ValidationError(CRModel):
 
 
 class ShardStatus(CRModel):
-    """One shard: a byte range of the input run by one Job."""
+    """One shard: a byte range of the input, run on a warm slot of the pool."""
 
     index: int
     """Position of the shard in the plan."""
@@ -163,24 +163,27 @@ class ShardStatus(CRModel):
     request_count: int
     """Requests in the range."""
     phase: Literal["Pending", "Admitted", "Running", "Succeeded", "Failed", "Stopped"] = "Pending"
-    """Pending (queued), Admitted (Job unsuspended), Running, Succeeded, Failed, Stopped."""
+    """Pending (waiting for a slot), Running (on a slot), Succeeded, Failed (Admitted and
+    Stopped: older operators' per-shard Jobs)."""
     job: DNSName | None = None
-    """Name of the shard's Job."""
+    """The slot (its Job's name) that runs or last ran the shard."""
     completed: int = 0
     """Requests of this shard in output chunks."""
     failed: int = 0
     """Requests of this shard in error chunks."""
     preemptions: int = 0
-    """Times this shard was suspended for higher-priority work."""
+    """Times this shard was taken back from its slot for higher-priority work."""
     run_seconds: int = 0
-    """Seconds the shard's pod held its slot in finished runs (GPU time billing)."""
+    """The shard's share of its slots' busy time, rounded up (GPU time billing): while n
+    requests are in an engine each accrues 1/n of the time; idle and queue time count for none."""
     running_since: int | None = None
-    """Unix seconds the current run started, while one is under way."""
+    """Unused since warm slots (older operators: when the current run started)."""
     message: Text | None = None
     """Why the shard failed, when it did."""
     reruns: int = 0
-    """Times the operator re-ran the shard because its Job succeeded without a result for every
-    request of the range (a broken executor invariant; each run gets its own Job)."""
+    """Runs of the shard that ended early (engine or store failure, a lost slot, or a run that
+    said done without a result for every request); the shard fails after the pool's
+    executor.backoffLimit."""
 
 
 class BatchBilling(CRModel):
