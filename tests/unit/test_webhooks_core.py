@@ -188,3 +188,9 @@ def test_annotation_round_trip_and_summary() -> None:
     )
     assert rules.summary(delivered)[:2] == (True, "Delivered")
     assert delivered.next_due() is None
+
+
+def test_an_event_older_than_the_retry_period_is_not_owed() -> None:
+    policy = rules.RetryPolicy(retry_for=86400)
+    assert rules.owed(policy, ended_at=1000, now=1000 + 86399)
+    assert not rules.owed(policy, ended_at=1000, now=1000 + 86400)

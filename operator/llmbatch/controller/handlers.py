@@ -149,8 +149,9 @@ async def batch_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, "batches", when=_served)
-def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Hand a finished batch to the webhook dispatcher (no I/O here: it only schedules)."""
+async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Hand a finished batch to the webhook dispatcher (no I/O here: it only schedules; async so
+    that it runs on the loop, not in kopf's thread pool)."""
     dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
     if dispatcher is not None:
         dispatcher.notice(body, deleted=event.get("type") == "DELETED")

@@ -252,6 +252,13 @@ def _first(delivery: Delivery, otherwise: float) -> float:
     return otherwise if delivery.first_attempt_at is None else delivery.first_attempt_at
 
 
+def owed(policy: RetryPolicy, ended_at: float, now: float) -> bool:
+    """Whether a batch that ended at ``ended_at`` and has no deliveries yet still gets them: not
+    once its event is older than the retry period (an operator that was down for longer, or a
+    batch that ended before webhooks were set up, sends nothing new)."""
+    return now - ended_at < policy.retry_for
+
+
 def after_success(delivery: Delivery, now: float) -> Delivery:
     """The record after a 2xx answer."""
     return delivery.model_copy(

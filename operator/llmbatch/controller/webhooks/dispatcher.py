@@ -33,6 +33,8 @@ from llmbatch.core.netguard import url_problem
 
 log = logging.getLogger(__name__)
 
+LIST_TTL = 1.0
+"""Seconds a namespace's BatchWebhook listing is reused when planning."""
 Key = tuple[str, str]
 """(namespace, name) of a Batch."""
 Outcome = tuple[rules.Delivery, list[tuple[str, str, bool]]]
@@ -66,6 +68,7 @@ class WebhookDispatcher:
         self._running: set[Key] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: dict[Key, int] = {}
+        self._listed: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(config.concurrency)
 
@@ -81,7 +84,8 @@ class WebhookDispatcher:
             return
         recorded = deliveries_of(body)
         if recorded is None:
-            self.schedule(key, self.clock())
+            if rules.owed(self.config.retry, _ended_at(body, self.clock()), self.clock()):
+                self.schedule(key, self.clock())
             return
         due = recorded.next_due()
         if due is None:
@@ -103,10 +107,12 @@ class WebhookDispatcher:
         self._set_pending(key, 0)
 
     def _set_pending(self, key: Key, count: int) -> None:
+        if self._pending.get(key, 0) == count:
+            return
         if count:
             self._pending[key] = count
         else:
-            self._pending.pop(key, None)
+            del self._pending[key]
         metrics.WEBHOOK_PENDING.set(sum(self._pending.values()))
 
     # --- the scheduler ---------------------------------------------------------------------
@@ -164,9 +170,11 @@ class WebhookDispatcher:
             self._forget(key)
             return
         now = self.clock()
-        deliveries = deliveries_of(batch) or await self._plan(batch, kind, now)
+        deliveries = deliveries_of(batch)
+        if deliveries is None and rules.owed(self.config.retry, _ended_at(batch, now), now):
+            deliveries = await self._plan(batch, kind, now)
         if deliveries is None:
-            return  # no endpoint wants this event
+            return  # no endpoint wants this event, or it is too old
         due = [d for d in deliveries.pending() if d.next_attempt_at <= now]
         outcomes = await asyncio.gather(*(self._deliver(batch, deliveries, d) for d in due))
         updated = {o[0].webhook_id: o[0] for o in outcomes}
@@ -185,10 +193,10 @@ class WebhookDispatcher:
     async def _plan(
         self, batch: dict[str, Any], kind: WebhookEventType, now: float
     ) -> rules.Deliveries | None:
-        meta, status = batch["metadata"], batch.get("status") or {}
-        ended_at = int(status.get(f"{status['status']}At") or now)
+        meta = batch["metadata"]
+        ended_at = _ended_at(batch, now)
         endpoints = []
-        for hook in sorted(await self.io.webhooks(meta["namespace"]), key=_name):
+        for hook in sorted(await self._webhooks(meta["namespace"], now), key=_name):
             try:
                 spec = BatchWebhookSpec.model_validate(hook.get("spec") or {})
             except ValidationError:
@@ -207,6 +215,14 @@ class WebhookDispatcher:
             created_at=ended_at,
             deliveries=rules.plan(meta["uid"], kind, endpoints[: rules.MAX_ENDPOINTS], now),
         )
+
+    async def _webhooks(self, namespace: str, now: float) -> list[dict[str, Any]]:
+        """The namespace's BatchWebhooks, listed at most once per second (a restart shows every
+        recently finished batch at once)."""
+        cached = self._listed.get(namespace)
+        if cached is None or now - cached[0] >= LIST_TTL:
+            cached = self._listed[namespace] = (now, await self.io.webhooks(namespace))
+        return cached[1]
 
     async def _deliver(
         self, batch: dict[str, Any], deliveries: rules.Deliveries, delivery: rules.Delivery
@@ -284,3 +300,9 @@ class WebhookDispatcher:
 
 def _name(obj: Mapping[str, Any]) -> str:
     return str(obj["metadata"]["name"])
+
+
+def _ended_at(batch: Mapping[str, Any], otherwise: float) -> int:
+    """Unix seconds of the batch's terminal status (``completedAt``, ``cancelledAt``, ...)."""
+    status = batch.get("status") or {}
+    return int(status.get(f"{status.get('status')}At") or otherwise)
