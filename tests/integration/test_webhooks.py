@@ -303,3 +303,45 @@ def test_a_cancelled_batch_sends_batch_cancelled_and_metadata_is_refused(
     assert cond["status"] == "False"
     assert cond["reason"] == "Retrying"
     assert metadata_hook in cond["message"]
+
+
+def test_a_new_endpoint_is_checked_before_any_delivery(
+    cluster: Any,
+    namespace: str,
+    webhook_operator: OperatorProcess,
+    receiver: Receiver,
+    tmp_path: pathlib.Path,
+) -> None:
+    hook = {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "BatchWebhook",
+        "metadata": {"name": "unsigned", "namespace": namespace},
+        "spec": {"url": receiver.url("/x"), "secretRef": {"name": "not-there"}},
+    }
+    apply(cluster, tmp_path, hook)
+
+    def ready() -> Any:
+        obj = kubectl_json(cluster, "get", "batchwebhook", "unsigned", "-n", namespace)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        found = [c for c in conditions if c["type"] == "Ready"]
+        if found and found[0].get("observedGeneration") == obj["metadata"]["generation"]:
+            return found[0]
+        return None
+
+    first = wait_for(ready, 30, "the check", webhook_operator.logs)
+    assert (first["status"], first["reason"]) == ("False", "ConfigError")
+    assert "not-there" in first["message"]
+    assert "does not exist" in first["message"]
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "not-there", "namespace": namespace},
+        "stringData": {"secret": SECRET},
+    }
+    apply(cluster, tmp_path, secret)
+    apply(cluster, tmp_path, {**hook, "spec": {**hook["spec"], "events": ["batch.failed"]}})
+    wait_for(
+        lambda: (ready() or {}).get("reason") == "Configured", 30, "Ready", webhook_operator.logs
+    )
+    assert ready()["status"] == "True"
+    assert receiver.got == []  # a check sends nothing

@@ -157,6 +157,14 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
         dispatcher.notice(body, deleted=event.get("type") == "DELETED")
 
 
+@kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)
+async def webhook_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Check a new or changed BatchWebhook (its Ready condition) in the dispatcher's pool."""
+    dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
+    if dispatcher is not None:
+        dispatcher.notice_webhook(body)
+
+
 @kopf.timer(GROUP, VERSION, "batchpools", interval=INTERVAL, initial_delay=0)
 async def pool_timer(
     name: str,

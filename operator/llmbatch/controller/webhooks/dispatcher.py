@@ -24,6 +24,7 @@ from llmbatch.api.resources import BatchWebhookSpec, WebhookEventType
 from llmbatch.controller import metrics
 from llmbatch.controller.config import WebhookConfig
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.webhooks.check import check, checked
 from llmbatch.controller.webhooks.kubeio import WebhookIO
 from llmbatch.controller.webhooks.sender import Attempt, Sender
 from llmbatch.core import webhooks as rules
@@ -66,6 +67,7 @@ class WebhookDispatcher:
         self._heap: list[tuple[float, Key]] = []
         self._due: dict[Key, float] = {}
         self._running: set[Key] = set()
+        self._checking: set[Key] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: dict[Key, int] = {}
         self._listed: dict[str, tuple[float, list[dict[str, Any]]]] = {}
@@ -93,6 +95,28 @@ class WebhookDispatcher:
         else:
             self._set_pending(key, len(recorded.pending()))
             self.schedule(key, due)
+
+    def notice_webhook(self, body: Mapping[str, Any]) -> None:
+        """A BatchWebhook as a watch event shows it: check a generation not checked yet."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if checked(body) or key in self._checking:
+            return
+        self._checking.add(key)
+        task = asyncio.create_task(self._check(key, dict(body)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _check(self, key: Key, body: dict[str, Any]) -> None:
+        try:
+            async with self._slots:
+                await check(self.io, body, self.config.allowed_networks, self.config.timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("BatchWebhook %s/%s: configuration check failed", *key)
+        finally:
+            self._checking.discard(key)
 
     def schedule(self, key: Key, due: float) -> None:
         """Look at ``key`` at ``due`` (an earlier wish wins)."""

@@ -11,6 +11,7 @@ import base64
 import binascii
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -136,32 +137,53 @@ class WebhookIO:
         self, namespace: str, name: str, delivery: Delivery, ok: bool, error: str | None
     ) -> None:
         """Count the attempt on the BatchWebhook's status and set its ``Ready`` condition."""
-        now = time.time()
+        now = int(time.time())
 
-        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
-            if obj["metadata"].get("uid") != delivery.webhook_uid:
-                return None
-            status = dict(obj.get("status") or {})
+        def count(status: dict[str, Any]) -> None:
             if ok:
                 status["delivered"] = int(status.get("delivered") or 0) + 1
-                status["lastDeliveredAt"] = int(now)
+                status["lastDeliveredAt"] = now
             else:
                 status["failedAttempts"] = int(status.get("failedAttempts") or 0) + 1
                 status["lastError"] = (error or "")[:4096]
-                status["lastErrorAt"] = int(now)
+                status["lastErrorAt"] = now
             if delivery.state == "GivenUp":
                 status["givenUp"] = int(status.get("givenUp") or 0) + 1
-            reason, message = (
-                ("Delivered", "The last delivery succeeded.")
-                if ok
-                else (
-                    "DeliveryFailed",
-                    f"The last attempt failed: {error}",
-                )
+
+        ready = (True, "Delivered", "The last delivery succeeded.")
+        if not ok:
+            ready = (False, "DeliveryFailed", f"The last attempt failed: {error}")
+        await self._update_webhook(namespace, name, delivery.webhook_uid, count, ready)
+
+    async def set_ready(
+        self, namespace: str, name: str, uid: str, ok: bool, reason: str, message: str
+    ) -> None:
+        """Set the BatchWebhook's ``Ready`` condition (for the generation read)."""
+        await self._update_webhook(namespace, name, uid, None, (ok, reason, message))
+
+    async def _update_webhook(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        count: Callable[[dict[str, Any]], None] | None,
+        ready: tuple[bool, str, str],
+    ) -> None:
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            if obj["metadata"].get("uid") != uid:
+                return None  # another BatchWebhook of that name now
+            status = dict(obj.get("status") or {})
+            if count is not None:
+                count(status)
+            conditions = lifecycle.set_condition(
+                status.get("conditions"), "Ready", *ready, time.time()
             )
-            status["conditions"] = lifecycle.set_condition(
-                status.get("conditions"), "Ready", ok, reason, message, now
-            )
+            for condition in conditions:
+                if condition["type"] == "Ready":
+                    condition["observedGeneration"] = obj["metadata"].get("generation")
+            if count is None and conditions == status.get("conditions"):
+                return None
+            status["conditions"] = conditions
             return status
 
         async def write(obj: dict[str, Any]) -> Any:
