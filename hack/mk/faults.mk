@@ -4,10 +4,13 @@
 # and checks the invariants after every iteration.
 #   make toxiproxy   .cache/bin/toxiproxy-server
 #   make faults      the fault suite with its default (short) sweep, as `make test` runs it
-#   make soak        the long sweep: LLMBATCH_FAULT_ITERATIONS (default 200) iterations
+#   make soak        the long sweeps: LLMBATCH_FAULT_ITERATIONS (default 200) store/crash faults on
+#                    the suite's stack, LLMBATCH_CRASH_ITERATIONS (default 50) crashes on the stack
+#                    `llmbatch dev up` starts
 TOXIPROXY_DIR := hack/toxiproxy
 TOXIPROXY_BIN := $(CACHE)/bin/toxiproxy-server
 SOAK_ITERATIONS ?= 200
+CRASH_SOAK_ITERATIONS ?= 50
 
 .PHONY: toxiproxy faults soak
 toxiproxy: $(TOXIPROXY_BIN)
@@ -23,4 +26,11 @@ faults: $(TEST_PREREQS)
 	$(BIN)/pytest tests/faults $(PYTEST_ARGS)
 
 soak: $(TEST_PREREQS)
-	LLMBATCH_FAULT_ITERATIONS=$(SOAK_ITERATIONS) $(BIN)/pytest tests/faults -x $(PYTEST_ARGS)
+	LLMBATCH_FAULT_ITERATIONS=$(SOAK_ITERATIONS) LLMBATCH_CRASH_ITERATIONS=$(CRASH_SOAK_ITERATIONS) \
+		$(BIN)/pytest tests/faults -x $(PYTEST_ARGS)
+
+# The crash sweeps alone (tests/faults/test_devstack_sweep.py, docs/reliability.md):
+#   LLMBATCH_CRASH_SEED=… LLMBATCH_CRASH_ITERATIONS=… make crash-sweep
+.PHONY: crash-sweep
+crash-sweep: $(TEST_PREREQS)
+	$(BIN)/pytest tests/faults/test_devstack_sweep.py -s $(PYTEST_ARGS)

@@ -146,6 +146,7 @@ def smollm2_run(
                 "ritems",
                 [{"role": "user", "content": "Count to three."}],
                 instructions="Answer briefly.",
+                request_id="mine",  # vLLM's extra field: replaced, the id is the line's own
             ),
             _response("rwrongmodel", "hi", model="gpt-x"),
         ],

@@ -8,6 +8,10 @@
 2. ``operator`` — ``llmbatch operator`` with a filesystem store in ``<state_dir>/store``;
 3. ``gateway`` — ``llmbatch gateway`` on http://127.0.0.1:8000 with the same store.
 
+The ports (gateway 8000, its metrics 9090, the operator's metrics 9464 and health 9465) can be
+moved with ``LLMBATCH_DEV_GATEWAY_PORT``, ``LLMBATCH_DEV_GATEWAY_METRICS_PORT``,
+``LLMBATCH_DEV_OPERATOR_METRICS_PORT`` and ``LLMBATCH_DEV_OPERATOR_HEALTH_PORT``.
+
 Shard pods are local processes on the same machine, so operator, gateway and executors share
 the filesystem store.
 """
@@ -15,6 +19,7 @@ the filesystem store.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -29,10 +34,18 @@ SYSTEM_NAMESPACE = "llmbatch-system"
 WORKER_NAMESPACE = "llmbatch-workers"
 DEMO_TENANT = "demo"
 DEMO_POOL = "smollm2-cpu"
-GATEWAY_PORT = 8000
-OPERATOR_METRICS_PORT = 9464
-OPERATOR_HEALTH_PORT = 9465
-GATEWAY_METRICS_PORT = 9090
+
+
+def _port(name: str, default: int) -> int:
+    """A stack port: ``$LLMBATCH_DEV_<NAME>_PORT`` or the default (to run a second stack, e.g.
+    the crash sweep's, beside a user's ``dev up``)."""
+    return int(os.environ.get(f"LLMBATCH_DEV_{name}_PORT") or default)
+
+
+GATEWAY_PORT = _port("GATEWAY", 8000)
+OPERATOR_METRICS_PORT = _port("OPERATOR_METRICS", 9464)
+OPERATOR_HEALTH_PORT = _port("OPERATOR_HEALTH", 9465)
+GATEWAY_METRICS_PORT = _port("GATEWAY_METRICS", 9090)
 PRIORITY_CLASS_PREFIX = "llmbatch"
 DEMO_ENV_FILE = "demo.env"
 CPU_ENGINE_ENV = {

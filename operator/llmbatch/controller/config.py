@@ -5,12 +5,51 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from llmbatch.core.netguard import IPNetwork, parse_networks
 from llmbatch.core.retention import RetentionPolicy
+from llmbatch.core.webhooks import RetryPolicy
 
 
 def _float(name: str, default: float) -> float:
     value = os.environ.get(name)
     return float(value) if value else default
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """Deliveries of batch webhooks (docs/webhooks.md)."""
+
+    enabled: bool = True
+    """Deliver events to BatchWebhooks (LLMBATCH_WEBHOOKS=false: none)."""
+    allowed_networks: tuple[IPNetwork, ...] = ()
+    """Non-public networks deliveries may reach (LLMBATCH_WEBHOOK_ALLOWED_NETWORKS, CIDRs);
+    empty: public addresses only."""
+    concurrency: int = 8
+    """Batches whose deliveries run at once (LLMBATCH_WEBHOOK_CONCURRENCY)."""
+    timeout: float = 10.0
+    """Seconds per attempt: connect, send, answer (LLMBATCH_WEBHOOK_TIMEOUT)."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Backoff (LLMBATCH_WEBHOOK_RETRY_BASE / _RETRY_MAX / _RETRY_FOR seconds)."""
+
+    @classmethod
+    def from_env(cls) -> WebhookConfig:
+        """Read the LLMBATCH_WEBHOOK* variables."""
+        try:
+            networks = parse_networks(os.environ.get("LLMBATCH_WEBHOOK_ALLOWED_NETWORKS", ""))
+        except ValueError as exc:
+            raise SystemExit(f"LLMBATCH_WEBHOOK_ALLOWED_NETWORKS: {exc}") from exc
+        default = RetryPolicy()
+        return cls(
+            enabled=os.environ.get("LLMBATCH_WEBHOOKS", "true").lower() != "false",
+            allowed_networks=networks,
+            concurrency=max(1, int(os.environ.get("LLMBATCH_WEBHOOK_CONCURRENCY", "8"))),
+            timeout=_float("LLMBATCH_WEBHOOK_TIMEOUT", 10.0),
+            retry=RetryPolicy(
+                base=_float("LLMBATCH_WEBHOOK_RETRY_BASE", default.base),
+                cap=_float("LLMBATCH_WEBHOOK_RETRY_MAX", default.cap),
+                retry_for=_float("LLMBATCH_WEBHOOK_RETRY_FOR", default.retry_for),
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -51,6 +90,8 @@ class OperatorConfig:
     """kopf peering name; replicas with the same name never act at once."""
     namespaces: tuple[str, ...] = field(default_factory=tuple)
     """Namespaces to watch; empty: the whole cluster."""
+    webhooks: WebhookConfig = field(default_factory=WebhookConfig)
+    """Batch webhook deliveries."""
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -76,6 +117,7 @@ class OperatorConfig:
             retention=_retention_from_env(),
             retention_interval=_float("LLMBATCH_RETENTION_INTERVAL", 60.0),
             namespaces=tuple(n for n in namespaces.split(",") if n),
+            webhooks=WebhookConfig.from_env(),
         )
 
 

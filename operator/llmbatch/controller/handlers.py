@@ -21,6 +21,7 @@ from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import REQUEST_TIMEOUT, Kube
 from llmbatch.controller.pools import PoolScheduler
 from llmbatch.controller.retention import RetentionSweeper
+from llmbatch.controller.webhooks import WebhookDispatcher
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import TERMINAL
 from llmbatch.storage import open_store
@@ -67,15 +68,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         # must stay deletable without the operator (DELETE /v1/files, owner garbage collection).
         sweeper = RetentionSweeper(kube, memo.batches.store, config)
         memo.retention_task = asyncio.create_task(sweeper.run(config.retention_interval))
+    if config.webhooks.enabled:
+        # Its own task with bounded concurrency: a slow endpoint never holds up a reconcile.
+        memo.webhooks = WebhookDispatcher(kube, config.webhooks)
+        memo.webhooks_task = asyncio.create_task(memo.webhooks.run())
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    retention: asyncio.Task[None] | None = getattr(memo, "retention_task", None)
-    if retention is not None:
-        retention.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await retention
+    for name in ("retention_task", "webhooks_task"):
+        task: asyncio.Task[None] | None = getattr(memo, name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     kube: Kube | None = getattr(memo, "kube", None)
     if kube is not None:
         await kube.close()
@@ -140,6 +146,23 @@ async def batch_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconciler.delete(dict(body))
     _locks.pop(uid, None)
     metrics.observe_batch(uid, None)
+
+
+@kopf.on.event(GROUP, VERSION, "batches", when=_served)
+async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Hand a finished batch to the webhook dispatcher (no I/O here: it only schedules; async so
+    that it runs on the loop, not in kopf's thread pool)."""
+    dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
+    if dispatcher is not None:
+        dispatcher.notice(body, deleted=event.get("type") == "DELETED")
+
+
+@kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)
+async def webhook_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Check a new or changed BatchWebhook (its Ready condition) in the dispatcher's pool."""
+    dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
+    if dispatcher is not None:
+        dispatcher.notice_webhook(body)
 
 
 @kopf.timer(GROUP, VERSION, "batchpools", interval=INTERVAL, initial_delay=0)

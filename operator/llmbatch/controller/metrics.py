@@ -248,6 +248,40 @@ STORE_ERRORS = Counter(
     ["op"],
     registry=REGISTRY,
 )
+WEBHOOK_DELIVERIES = Counter(
+    "llmbatch_webhook_deliveries",
+    "Webhook delivery attempts, by outcome: delivered (2xx), http_error, timeout, refused (a "
+    "non-public address), network_error, config_error (URL or signing Secret unusable).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+WEBHOOK_ENDED = Counter(
+    "llmbatch_webhook_deliveries_ended",
+    "Webhook deliveries that ended, by outcome: delivered, given_up (failed for the whole retry "
+    "period) or abandoned (the BatchWebhook was deleted).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+WEBHOOK_ATTEMPT_SECONDS = Histogram(
+    "llmbatch_webhook_attempt_duration_seconds",
+    "Time of one webhook delivery attempt (resolve, connect, send, answer).",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+WEBHOOK_PENDING = Gauge(
+    "llmbatch_webhook_deliveries_pending",
+    "Webhook deliveries waiting for an attempt (first or retry), as this operator knows them.",
+    registry=REGISTRY,
+)
+WEBHOOK_OUTCOMES = (
+    "delivered",
+    "http_error",
+    "timeout",
+    "refused",
+    "network_error",
+    "config_error",
+)
+WEBHOOK_ENDINGS = ("delivered", "given_up", "abandoned")
 
 _STATUSES: tuple[str, ...] = get_args(BatchStatus)
 _TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -371,6 +405,10 @@ for _outcome in ("completed", "failed"):
     REQUESTS.labels(_outcome)
 for _direction in ("input", "output"):
     TOKENS.labels(_direction)
+for _outcome in WEBHOOK_OUTCOMES:
+    WEBHOOK_DELIVERIES.labels(_outcome)
+for _outcome in WEBHOOK_ENDINGS:
+    WEBHOOK_ENDED.labels(_outcome)
 
 
 def observe_pool(

@@ -1,4 +1,5 @@
-"""Custom resources of group ``llmbatch.io/v1alpha1``: Batch, BatchFile, BatchPool, CreditAccount.
+"""Custom resources of group ``llmbatch.io/v1alpha1``: Batch, BatchFile, BatchPool, CreditAccount,
+BatchWebhook.
 
 These models are the single source of truth: ``hack/gen_crds.py`` turns them into the CRDs in
 ``crds/`` and the Helm chart, and every attribute docstring becomes the field's description that
@@ -6,9 +7,9 @@ These models are the single source of truth: ``hack/gen_crds.py`` turns them int
 list is bounded, no floats (decimals are strings), no free-form maps except ``metadata``,
 ``nodeSelector`` and an inline request ``body``.
 
-One module per kind (``batch``, ``batchfile``, ``pool``, ``credit``), the field types and base
-model they share (``fields``, ``base``) and the registry the generator reads (``registry``);
-everything is importable from here.
+One module per kind (``batch``, ``batchfile``, ``pool``, ``credit``, ``webhook``), the field types
+and base model they share (``fields``, ``base``) and the registry the generator reads
+(``registry``); everything is importable from here.
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ from llmbatch.api.resources.pool import (
     Toleration,
 )
 from llmbatch.api.resources.registry import RESOURCES, ResourceKind
+from llmbatch.api.resources.webhook import (
+    BatchWebhookSpec,
+    BatchWebhookStatus,
+    SecretKeyRef,
+    WebhookEventType,
+    WebhookURL,
+)
 
 __all__ = [
     "API_VERSION",
@@ -87,6 +95,8 @@ __all__ = [
     "BatchPoolStatus",
     "BatchSpec",
     "BatchStatus",
+    "BatchWebhookSpec",
+    "BatchWebhookStatus",
     "BillingMode",
     "CRModel",
     "Condition",
@@ -114,6 +124,7 @@ __all__ = [
     "QueueDepth",
     "RequestCounts",
     "ResourceKind",
+    "SecretKeyRef",
     "Sha256",
     "ShardStatus",
     "ShortText",
@@ -125,4 +136,6 @@ __all__ = [
     "Toleration",
     "Usage",
     "ValidationError",
+    "WebhookEventType",
+    "WebhookURL",
 ]

@@ -15,6 +15,7 @@ from llmbatch.api.resources.credit import (
     CreditAccountStatus,
 )
 from llmbatch.api.resources.pool import BatchPoolSpec, BatchPoolStatus
+from llmbatch.api.resources.webhook import BatchWebhookSpec, BatchWebhookStatus
 
 
 class ResourceKind(BaseModel):
@@ -139,6 +140,31 @@ RESOURCES: tuple[ResourceKind, ...] = (
                 "rule": f"self.metadata.name == '{CREDIT_ACCOUNT_NAME}'",
                 "message": f"a tenant has one CreditAccount, named {CREDIT_ACCOUNT_NAME}",
             }
+        ],
+    ),
+    ResourceKind(
+        kind="BatchWebhook",
+        plural="batchwebhooks",
+        singular="batchwebhook",
+        short_names=["lbhook"],
+        scope="Namespaced",
+        spec=BatchWebhookSpec,
+        status=BatchWebhookStatus,
+        description=(
+            "An endpoint that receives a signed event (Standard Webhooks, OpenAI's event body) "
+            "when a Batch of its namespace ends."
+        ),
+        printer_columns=[
+            {"name": "URL", "type": "string", "jsonPath": ".spec.url"},
+            {"name": "Delivered", "type": "integer", "jsonPath": ".status.delivered"},
+            {"name": "Failed", "type": "integer", "jsonPath": ".status.failedAttempts"},
+            {"name": "GivenUp", "type": "integer", "jsonPath": ".status.givenUp"},
+            {
+                "name": "Ready",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+            },
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
     ),
 )

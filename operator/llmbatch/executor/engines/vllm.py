@@ -256,7 +256,9 @@ class VllmEngine(Engine):
         if request.url == "/v1/responses":
             if self._responses is None:
                 return self._unsupported(request.url)
-            body.setdefault("request_id", response_id(request.request_id))
+            # Always ours (vLLM's extra field names the engine request: two rows naming the
+            # same one would collide there), so the response id is the line's own.
+            body["request_id"] = response_id(request.request_id)
             responses = self._api["responses_request"].model_validate(body)
             return await self._responses.create_responses(responses)
         if request.url == "/v1/embeddings":

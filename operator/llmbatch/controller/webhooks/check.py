@@ -1,0 +1,87 @@
+"""The configuration check of a BatchWebhook: its ``Ready`` condition before any delivery.
+
+Run when the operator sees a generation of the object it has not checked: the URL (scheme, host,
+an address the guard allows) and the signing Secret (readable by the operator, a usable key). A
+delivery attempt sets ``Ready`` again from its own outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from llmbatch.api.resources import BatchWebhookSpec
+from llmbatch.controller.webhooks.guard import GuardedResolver, Refused, check_host
+from llmbatch.controller.webhooks.kubeio import WebhookIO
+from llmbatch.core import webhooks as rules
+from llmbatch.core.netguard import IPNetwork, url_problem
+
+
+def checked(body: Mapping[str, Any]) -> bool:
+    """Whether the object's ``Ready`` condition is for its current generation."""
+    generation = (body.get("metadata") or {}).get("generation")
+    for condition in (body.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("observedGeneration") == generation)
+    return False
+
+
+async def problem(
+    io: WebhookIO,
+    namespace: str,
+    spec: BatchWebhookSpec,
+    allowed: Sequence[IPNetwork],
+    timeout: float,
+) -> str | None:
+    """What keeps deliveries to this endpoint from working, or None."""
+    why = url_problem(spec.url)
+    if why:
+        return why
+    parts = urlsplit(spec.url)
+    host = parts.hostname or ""
+    try:
+        check_host(host, allowed)
+        if not _literal(host):
+            await asyncio.wait_for(GuardedResolver(allowed).resolve(host, parts.port or 0), timeout)
+        rules.signing_key(await io.secret_value(namespace, spec.secret_ref))
+    except Refused as exc:
+        return f"refused: {exc}"
+    except TimeoutError:
+        return f"{host} did not resolve within {timeout:g}s"
+    except OSError as exc:
+        return f"{host} does not resolve: {exc}"
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def check(
+    io: WebhookIO, body: Mapping[str, Any], allowed: Sequence[IPNetwork], timeout: float
+) -> None:
+    """Check one BatchWebhook and write its ``Ready`` condition."""
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    try:
+        spec = BatchWebhookSpec.model_validate(body.get("spec") or {})
+    except ValidationError as exc:
+        await io.set_ready(namespace, name, uid, False, "InvalidSpec", str(exc)[:1024])
+        return
+    why = await problem(io, namespace, spec, allowed, timeout)
+    if why:
+        await io.set_ready(namespace, name, uid, False, "ConfigError", why)
+    else:
+        message = "The URL's host is allowed and the signing secret is readable."
+        await io.set_ready(namespace, name, uid, True, "Configured", message)
