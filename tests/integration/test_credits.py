@@ -395,7 +395,7 @@ def test_a_pod_waiting_for_a_node_is_not_charged_gpu_time(
     tmp_path: pathlib.Path,
 ) -> None:
     """Seed 000: queue time has no GPU charge. A private pool whose nodeSelector matches no
-    node: its shard Job is admitted (unsuspended) but its pod never schedules; cancelled after
+    node: a slot Job starts for the batch's shard but its pod never schedules; cancelled after
     waiting, the batch is charged 0 GPU-seconds."""
     pool, model = make_pool(cluster, tmp_path, engine_args=["--latency-seconds=0.01"])
     patch = {
@@ -430,21 +430,20 @@ def test_a_pod_waiting_for_a_node_is_not_charged_gpu_time(
         ]
         return unscheduled
 
-    wait_for(pending_pod, 60, "the shard pod, unschedulable")
-    # the Job is running (unsuspended, startTime set) while its pod waits: before #16 this
-    # wait was billed from the Job's startTime
+    wait_for(pending_pod, 60, "the slot pod, unschedulable")
+    # the slot Job is running (startTime set) while its pod waits: before #16 this wait was
+    # billed from the Job's startTime
     jobs = json.loads(
         cluster.kubectl(
             "get", "jobs", "-n", "llmbatch-workers", "-l", f"llmbatch.io/pool={pool}", "-o", "json"
         )
     )["items"]
     assert jobs
-    assert all(j["spec"]["suspend"] is False for j in jobs)
     assert all((j.get("status") or {}).get("startTime") for j in jobs)
     time.sleep(5)
     status = get_batch(cluster, namespace, name)["status"]
     assert status["status"] == "in_progress"
-    assert all(s.get("runningSince") is None for s in status["shards"]), status["shards"]
+    assert all(s.get("runSeconds", 0) == 0 for s in status["shards"]), status["shards"]
     client.batches.cancel(batch.id)
     final = wait_status(cluster, operator_process, namespace, name, {"cancelled"})["status"]
     assert final["billing"]["gpuSeconds"] == 0

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 import orjson
 import pytest
 
+from llmbatch.core.billing import TokenUsage, token_usage
 from llmbatch.storage.base import ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore
 from llmbatch.storage.shardresults import (
     ShardResults,
@@ -16,7 +17,6 @@ from llmbatch.storage.shardresults import (
     parse_chunk_key,
     read_progress,
     result_line,
-    usage_of,
 )
 
 
@@ -127,9 +127,9 @@ def test_result_line_follows_the_contract() -> None:
 
 
 def test_usage_of_embeddings_and_missing() -> None:
-    assert usage_of({"usage": {"prompt_tokens": 4, "total_tokens": 4}}) == (4, 0, 4)
-    assert usage_of({}) == (0, 0, 0)
-    assert usage_of({"usage": "nonsense"}) == (0, 0, 0)
+    embeddings = token_usage({"usage": {"prompt_tokens": 4, "total_tokens": 4}})
+    assert (embeddings.input_tokens, embeddings.output_tokens, embeddings.total_tokens) == (4, 0, 4)
+    assert token_usage({}) == token_usage({"usage": "nonsense"}) == TokenUsage()
 
 
 def test_commit_writes_immutable_chunks_and_progress() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from llmbatch.core.billing import TokenUsage, token_usage
 from llmbatch.storage import FilesystemStore
-from llmbatch.storage.shardresults import ShardResults, read_progress, result_line, usage_of
+from llmbatch.storage.shardresults import ShardResults, read_progress, result_line
 
 CHAT_USAGE = {
     "prompt_tokens": 11,
@@ -52,7 +52,6 @@ def test_both_usage_shapes_map_to_one_record(usage: dict[str, Any], expected: To
 @pytest.mark.parametrize("body", [{}, {"usage": None}, {"usage": "nonsense"}, {"usage": [1]}])
 def test_a_body_without_usage_counts_nothing(body: dict[str, Any]) -> None:
     assert token_usage(body) == TokenUsage()
-    assert usage_of(body) == (0, 0, 0)
 
 
 def _line(cid: str, usage: dict[str, Any], status: int = 200) -> Any:

@@ -168,7 +168,7 @@ class SlotScheduler:
         result.waiting = placement.waiting
         assigned = {slot for _, slot in placement.assign}
         busy = assigned | {v.name for v in views if v.load}
-        await self._scale_down(live, busy, desired, result)
+        await self._scale_down(namespace, live, busy, desired, result)
         result.warm = sum(1 for s in live if s.open) + len(placement.new_slots)
         result.busy = sum(1 for v in views if v.load or v.name in assigned)
         result.busy += len(placement.new_slots)
@@ -424,13 +424,25 @@ class SlotScheduler:
         return slot
 
     async def _scale_down(
-        self, slots: list[ObservedSlot], busy: set[str], desired: int, result: SlotRound
+        self,
+        namespace: str,
+        slots: list[ObservedSlot],
+        busy: set[str],
+        desired: int,
+        result: SlotRound,
     ) -> None:
         """More open slots than the autoscaler wants (its cool-down has passed): drain idle
         ones. A draining slot takes no new shard and exits; busy slots finish their work."""
         open_slots = [s for s in slots if s.open]
         idle = [s for s in open_slots if s.name not in busy]
         for slot in sorted(idle, key=lambda s: s.name)[: max(0, len(open_slots) - desired)]:
+            if slot.heartbeat is None and not slot.assignments:
+                # Never started (its pod waits for a node): nothing to drain, just remove it.
+                await self._remove(namespace, slot)
+                result.events.append(
+                    ("Normal", "SlotRemoved", f"Removed unstarted slot {slot.name}")
+                )
+                continue
             if await asyncio.to_thread(slot.channel.drain_requested):
                 continue
             await asyncio.to_thread(slot.channel.request_drain)

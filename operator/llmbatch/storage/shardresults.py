@@ -138,12 +138,6 @@ class ResultLine:
         return self.usage.total_tokens
 
 
-def usage_of(body: dict[str, Any]) -> tuple[int, int, int]:
-    """(input, output, total) tokens of a response body (``core.billing.token_usage``)."""
-    usage = token_usage(body)
-    return usage.input_tokens, usage.output_tokens, usage.total_tokens
-
-
 def result_line(
     *,
     line_id: str,

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import orjson
 
+from llmbatch.core.billing import token_usage
 from llmbatch.core.keys import work_prefix
 from llmbatch.core.lifecycle import never_run_line
 from llmbatch.core.validation import iter_lines
 from llmbatch.storage.base import ObjectNotFound, ObjectStore
-from llmbatch.storage.shardresults import ChunkKind, list_chunks, usage_of
+from llmbatch.storage.shardresults import ChunkKind, list_chunks
 
 
 @dataclass(frozen=True)
@@ -59,20 +60,6 @@ def _lines(data: bytes) -> Iterable[bytes]:
     return (line for line in data.split(b"\n") if line.strip())
 
 
-def _usage_details(body: dict[str, object]) -> tuple[int, int]:
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
-        return 0, 0
-    prompt = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-    completion = usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}
-    cached = prompt.get("cached_tokens") if isinstance(prompt, dict) else 0
-    reasoning = completion.get("reasoning_tokens") if isinstance(completion, dict) else 0
-    return (
-        cached if isinstance(cached, int) else 0,
-        reasoning if isinstance(reasoning, int) else 0,
-    )
-
-
 class _Merge:
     """The state of one merge: custom_ids seen, the parts of each final file, the counts."""
 
@@ -110,15 +97,14 @@ class _Merge:
     def _count_success(self, line: dict[str, object]) -> None:
         response = line.get("response")
         body = (response.get("body") if isinstance(response, dict) else None) or {}
-        i, o, t = usage_of(body)
-        cached, reasoning = _usage_details(body)
+        usage = token_usage(body)
         result = self.result
         result.completed += 1
-        result.input_tokens += i
-        result.output_tokens += o
-        result.total_tokens += t
-        result.cached_tokens += cached
-        result.reasoning_tokens += reasoning
+        result.input_tokens += usage.input_tokens
+        result.output_tokens += usage.output_tokens
+        result.total_tokens += usage.total_tokens
+        result.cached_tokens += usage.cached_tokens
+        result.reasoning_tokens += usage.reasoning_tokens
 
     def add_never_run(self, shard: ShardOutcome) -> None:
         """An error line for every request of the shard's range that has no result."""

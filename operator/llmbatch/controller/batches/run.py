@@ -157,14 +157,12 @@ class ShardRuns(PhaseDeps):
             usage.input_tokens += progress.input_tokens
             usage.output_tokens += progress.output_tokens
             usage.total_tokens += progress.total_tokens
+            usage.cached_tokens += progress.cached_tokens
+            usage.reasoning_tokens += progress.reasoning_tokens
         if counts != batch.status.request_counts:
             step.set(request_counts=counts)
         old = batch.status.usage or Usage()
-        if (usage.input_tokens, usage.output_tokens, usage.total_tokens) != (
-            old.input_tokens,
-            old.output_tokens,
-            old.total_tokens,
-        ) or batch.status.usage is None:
+        if usage != old or batch.status.usage is None:
             step.set(usage=usage)
         if shards != batch.status.shards:
             step.set(shards=shards)
