@@ -25,7 +25,7 @@ from llmbatch.core.ids import batch_id_from_name
 FORMAT_ENV = "LLMBATCH_LOG_FORMAT"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 #: The fields a record may carry, in output order.
-FIELDS = ("batch_id", "shard", "tenant")
+FIELDS = ("batch_id", "shard", "tenant", "slot")
 
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "llmbatch_log_context", default=None

@@ -36,11 +36,15 @@ def test_expedited_runs_next_and_flex_waits_behind_both(
     first = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(10))
     wait_for(
         lambda: (
-            (get_batch(cluster, namespace, first).get("status") or {}).get("status")
-            == "in_progress"
+            [
+                s["phase"]
+                for s in (get_batch(cluster, namespace, first).get("status") or {}).get("shards")
+                or []
+            ]
+            == ["Running"]
         ),
         60,
-        "first batch running",
+        "first batch running on the slot",
     )
     # queued while the slot is busy, in this order: flex, standard, expedited
     flex = make_batch(

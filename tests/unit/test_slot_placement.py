@@ -3,6 +3,8 @@ when none has room and the desired count allows, one model per slot, preemption 
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmbatch.core.scheduling import QueuedShard
 from llmbatch.core.slots import (
     RunningShard,
@@ -54,17 +56,27 @@ def test_a_draining_slot_takes_nothing_and_does_not_count_as_open() -> None:
     assert [[q.batch for q in g] for g in result.new_slots] == [["a"]]
 
 
+def _running(batch: str, tier: str, created: float, preemptions: int = 0, model: str = "m") -> Any:
+    return RunningShard(
+        QueuedShard(batch, tier, created, 0, model=model), f"{batch}-0", preemptions
+    )
+
+
 def test_expedited_takes_back_the_newest_lowest_tier_shards_within_the_limit() -> None:
     running = [
-        RunningShard(QueuedShard("old", "standard", 1.0, 0), "old-0", 0),
-        RunningShard(QueuedShard("new", "standard", 9.0, 0), "new-0", 0),
-        RunningShard(QueuedShard("flex", "flex", 5.0, 0), "flex-0", 0),
-        RunningShard(QueuedShard("tired", "flex", 6.0, 0), "tired-0", 3),
-        RunningShard(QueuedShard("exp", "expedited", 1.0, 0), "exp-0", 0),
+        _running("old", "standard", 1.0),
+        _running("new", "standard", 9.0),
+        _running("flex", "flex", 5.0),
+        _running("tired", "flex", 6.0, preemptions=3),
+        _running("exp", "expedited", 1.0),
+        _running("other-model", "flex", 7.0, model="x"),
     ]
     waiting = [shard("e1", tier="expedited"), shard("e2", tier="expedited"), shard("s")]
     victims = preemption_victims(waiting, running, max_per_shard=3)
     assert [v.key for v in victims] == ["flex-0", "new-0"]
+    # one already taken back and still stopping frees a place: one more victim only
+    assert [v.key for v in preemption_victims(waiting, running, 3, stopping=1)] == ["flex-0"]
+    assert preemption_victims(waiting, running, 3, stopping=2) == []
 
 
 def test_concurrency_default_and_lease_lapse() -> None:

@@ -168,7 +168,8 @@ class SlotScheduler:
         result.waiting = placement.waiting
         assigned = {slot for _, slot in placement.assign}
         busy = assigned | {v.name for v in views if v.load}
-        await self._scale_down(namespace, live, busy, desired, result)
+        waiting_models = {q.model for q in placement.waiting}
+        await self._scale_down(namespace, live, busy, desired, waiting_models, result)
         result.warm = sum(1 for s in live if s.open) + len(placement.new_slots)
         result.busy = sum(1 for v in views if v.load or v.name in assigned)
         result.busy += len(placement.new_slots)
@@ -242,7 +243,9 @@ class SlotScheduler:
     async def _queued(self, work: Work) -> bool:
         """Whether a shard that no slot holds waits for one (not done, not given up)."""
         lease = await asyncio.to_thread(read_lease, self.store, work.lease_key)
-        return lease is None or lease.state in ("granted", "released")
+        if lease is None:  # never placed: queued once the batch has written its spec
+            return await asyncio.to_thread(self.store.head, work.spec_key) is not None
+        return lease.state in ("granted", "released")
 
     # --- settling ended runs -----------------------------------------------------------------
 
@@ -429,13 +432,18 @@ class SlotScheduler:
         slots: list[ObservedSlot],
         busy: set[str],
         desired: int,
+        waiting: set[str],
         result: SlotRound,
     ) -> None:
-        """More open slots than the autoscaler wants (its cool-down has passed): drain idle
-        ones. A draining slot takes no new shard and exits; busy slots finish their work."""
+        """More open slots than the autoscaler wants (its cool-down has passed), or idle slots
+        of a model while shards of another wait for room: drain idle ones. A draining slot
+        takes no new shard and exits; busy slots finish their work."""
         open_slots = [s for s in slots if s.open]
-        idle = [s for s in open_slots if s.name not in busy]
-        for slot in sorted(idle, key=lambda s: s.name)[: max(0, len(open_slots) - desired)]:
+        idle = sorted((s for s in open_slots if s.name not in busy), key=lambda s: s.name)
+        surplus = idle[: max(0, len(open_slots) - desired)]
+        if waiting:  # a slot serves one model: an idle one of another model is in the way
+            surplus += [s for s in idle if s.model not in waiting and s not in surplus]
+        for slot in surplus:
             if slot.heartbeat is None and not slot.assignments:
                 # Never started (its pod waits for a node): nothing to drain, just remove it.
                 await self._remove(namespace, slot)
@@ -460,7 +468,10 @@ class SlotScheduler:
         """Take lower-tier shards back for expedited ones still waiting: the slot stops feeding
         them and commits what finished; they wait in the queue and resume from their chunks."""
         holders = {key: s for s in slots for key in s.assignments}
-        for victim in preemption_victims(waiting, running, pool.max_preemptions_per_shard):
+        # Shards already taken back and still stopping free their places soon: count them.
+        stopping = sum(len(s.running() - s.assignments.keys()) for s in slots)
+        victims = preemption_victims(waiting, running, pool.max_preemptions_per_shard, stopping)
+        for victim in victims:
             slot = holders[victim.key]
             assignment = slot.assignments[victim.key]
             lease = await asyncio.to_thread(read_lease, self.store, _lease_key(assignment))

@@ -93,19 +93,28 @@ class RunningShard:
 
 
 def preemption_victims(
-    waiting: Sequence[QueuedShard], running: Sequence[RunningShard], max_per_shard: int
+    waiting: Sequence[QueuedShard],
+    running: Sequence[RunningShard],
+    max_per_shard: int,
+    stopping: int = 0,
 ) -> list[RunningShard]:
     """Lower-tier running shards to take back for the expedited shards still waiting.
 
-    Lowest tier first; within a tier the newest batch, which loses the least progress. A shard
-    is taken back at most ``max_per_shard`` times, so nothing is requeued forever.
+    One victim per waiting expedited shard, less the ``stopping`` ones already taken back and
+    still committing; only shards of a model an expedited shard waits for (their slot's engine
+    serves it). Lowest tier first; within a tier the newest batch, which loses the least
+    progress. A shard is taken back at most ``max_per_shard`` times, so nothing is requeued
+    forever.
     """
-    starving = sum(1 for s in waiting if s.tier == "expedited")
+    expedited = [s for s in waiting if s.tier == "expedited"]
+    models = {s.model for s in expedited}
     candidates = [
-        r for r in running if r.shard.tier != "expedited" and r.preemptions < max_per_shard
+        r
+        for r in running
+        if r.shard.tier != "expedited" and r.preemptions < max_per_shard and r.shard.model in models
     ]
     candidates.sort(key=lambda r: (-TIER_RANK.get(r.shard.tier, 9), -r.shard.created_at))
-    return candidates[:starving]
+    return candidates[: max(0, len(expedited) - stopping)]
 
 
 def lease_lapsed(last_seen: float | None, now: float, lease_seconds: float) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from llmbatch import logs
 from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat
 from llmbatch.executor.engines.base import Engine, EngineRequest, EngineResult
@@ -178,6 +179,12 @@ _STATE: dict[Outcome, ShardState] = {
 }
 
 
+async def _run_in_context(runner: ShardRunner) -> Outcome:
+    """Run a shard with its batch and shard index on every log record of the run."""
+    logs.bind_context(batch_id=runner.spec.batch_id, shard=runner.spec.shard_index)
+    return await runner.run()
+
+
 @dataclass
 class SlotSettings:
     """How the slot loop paces itself (from the SlotSpec, or fixed for one-shot runs)."""
@@ -244,7 +251,19 @@ class Slot:
             waiters[0].cancel()
             self._reap()
         await self._heartbeat(final=True)
-        return next((o for o in _SEVERITY if o in self.outcomes), Outcome.DONE)
+        return self._exit_outcome()
+
+    def _exit_outcome(self) -> Outcome:
+        """How the process ends. A fixed list of shards: its worst shard outcome (the Job
+        retries a store failure, preemption does not count). A pool slot: only what happened
+        to the slot itself — its engine broke, or it was stopped (SIGTERM); a shard taken back
+        or failed is reported in the heartbeat and settled by the operator, and an idle or
+        drained slot exits 0 so its Job completes instead of starting a new pod."""
+        if self.source.fixed:
+            return next((o for o in _SEVERITY if o in self.outcomes), Outcome.DONE)
+        if self._engine_failed():
+            return Outcome.ENGINE_FAILED
+        return Outcome.PREEMPTED if self._stopping else Outcome.DONE
 
     async def _poll(self) -> dict[str, Assignment]:
         try:
@@ -295,7 +314,7 @@ class Slot:
         self.runners.append(runner)
         if self.on_runner is not None:
             self.on_runner(runner)
-        task = asyncio.ensure_future(runner.run())
+        task = asyncio.ensure_future(_run_in_context(runner))
         task.add_done_callback(lambda _: self._wake.set())
         run = _Run(assignment, runner, task, ledger_key)
         self._running[key] = run
