@@ -54,9 +54,10 @@ class SlotSpec(BaseModel):
 class ShardLease(BaseModel):
     """Where a shard stands in its pool: the placement record and fencing token.
 
-    Written by the operator's pool scheduler only. It raises ``generation`` on every grant; a
-    runner checks the lease before each chunk commit and stops when the generation is no
-    longer its own, so two runners never both go on writing one shard.
+    Written by the operator only: the pool scheduler grants and settles it, finalisation fences
+    it (a last generation held by nobody). A runner checks the lease before each chunk commit
+    and stops when the generation is no longer its own, so two runners never both go on writing
+    one shard.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -76,7 +77,7 @@ class ShardLease(BaseModel):
     reason: str | None = Field(
         default=None,
         description="Why the last run ended early, as an Event reason: ShardIncomplete, "
-        "EngineFailed, StoreFailed, SlotLost.",
+        "EngineFailed, StoreFailed, SlotLost, SlotFailed.",
     )
     message: str | None = Field(default=None, description="Why the last run ended early.")
 

@@ -16,7 +16,7 @@ LABEL_POOL = "llmbatch.io/pool"
 LABEL_SLOT = "llmbatch.io/slot"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 #: The tier whose PriorityClass slot pods run under (a slot serves every tier of its pool;
-#: tiers are ordered inside the pool by the scheduler and the engine's request priority).
+#: tiers are ordered inside the pool by the scheduler's queue).
 SLOT_PRIORITY_TIER = "standard"
 
 # Exit codes of the executor (llmbatch.executor.exitcodes, sysexits.h): kept here as numbers
@@ -156,8 +156,10 @@ def build_slot_job(
 ) -> dict[str, Any]:
     """The Job manifest of one slot (deterministic: the same inputs give the same object).
 
-    A slot pod that dies is replaced by the Job (``backoffLimit``) under the same slot name, so
-    it picks up the same assignments and resumes them from their committed chunks.
+    A slot pod that dies is replaced by the Job (``backoffLimit``) under the same slot name; if
+    the new pod heartbeats within the lease (``LLMBATCH_SLOT_LEASE_SECONDS``) it picks up the same
+    assignments and resumes them from their committed chunks, else the slot counts as lost and
+    its shards go to other slots.
     """
     labels = {LABEL_POOL: pool_name, LABEL_SLOT: slot, LABEL_COMPONENT: "executor"}
     container = _container(config, pool, slot, spec_key)

@@ -225,13 +225,13 @@ REQUESTS_UNSUCCESSFUL = Counter(
 )
 SHARD_FAILURES = Counter(
     "llmbatch_shard_failures_total",
-    "Shard Jobs seen entering Failed, by pool.",
+    "Shards seen entering Failed (retries spent), by pool.",
     ["pool"],
     registry=REGISTRY,
 )
 SHARD_RERUNS = Counter(
     "llmbatch_shard_reruns_total",
-    "Shard re-runs (a new Job for a shard), by pool.",
+    "Shard runs that ended early and were re-queued, by pool.",
     ["pool"],
     registry=REGISTRY,
 )

@@ -102,6 +102,8 @@ class PoolScheduler:
             )
         placed = await self.slots.round(name, pool, uid, scaled.desired, now)
         result.events += placed.events
+        for seconds in placed.run_seconds:
+            metrics.SHARD_RUN_SECONDS.labels(name).observe(seconds)
         for requests, seconds in placed.learned:
             throughput = learn_throughput(throughput, requests, seconds)
         for tier in TIERS:

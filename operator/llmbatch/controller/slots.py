@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from llmbatch.api.resources import BatchPoolSpec
@@ -25,6 +23,16 @@ from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.jobs import LABEL_POOL, LABEL_SLOT, build_slot_job, engine_args
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.slotstate import (
+    ObservedSlot,
+    SlotRound,
+    Work,
+    job_ended,
+    lease_key,
+    max_num_seqs,
+    new_slot_name,
+    work_key,
+)
 from llmbatch.core import keys, tiers
 from llmbatch.core.scheduling import QueuedShard
 from llmbatch.core.slots import (
@@ -42,67 +50,6 @@ from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, w
 log = logging.getLogger("llmbatch.controller.slots")
 ANNOTATION_MODEL = "llmbatch.io/model"
 API_GROUP_VERSION = "llmbatch.io/v1alpha1"
-
-
-@dataclass(frozen=True)
-class Work:
-    """An unfinished shard of a running batch of the pool."""
-
-    queued: QueuedShard
-    key: str
-    """Its assignment key (``<batch uid>-<shard index>``)."""
-    spec_key: str
-    lease_key: str
-    requests: int
-    since: float
-    """When its batch started to run (the wait for a first assignment counts from there)."""
-
-
-@dataclass
-class ObservedSlot:
-    """One slot as this round sees it."""
-
-    name: str
-    model: str
-    channel: SlotChannel
-    heartbeat: SlotHeartbeat | None
-    assignments: dict[str, Assignment]
-    lost: str | None
-    """Why its shards must go elsewhere (Job ended, heartbeat lapsed); None while alive."""
-    exited: bool = False
-    """It ended by itself (idle, drained): what it still held is re-queued without blame."""
-
-    @property
-    def open(self) -> bool:
-        beat = self.heartbeat
-        return self.lost is None and (beat is None or beat.state in ("starting", "ready"))
-
-    def running(self) -> set[str]:
-        """Shards its last heartbeat says are still running (revoked ones included)."""
-        beat = self.heartbeat
-        return {r.key for r in beat.shards if r.state == "running"} if beat else set()
-
-
-@dataclass
-class SlotRound:
-    """What one round did, for the pool's status and Events."""
-
-    warm: int = 0
-    busy: int = 0
-    learned: list[tuple[int, float]] = field(default_factory=list)
-    """(requests, busy seconds) of each shard that finished this round (throughput)."""
-    waiting: list[QueuedShard] = field(default_factory=list)
-    """Shards still waiting for a slot after this round."""
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-
-
-def work_key(batch_uid: str, shard_index: int) -> str:
-    return f"{batch_uid}-{shard_index:05d}"
-
-
-def new_slot_name(pool: str) -> str:
-    """A fresh slot (Job) name: ``<pool>-slot-<6 hex>``, at most 52 characters."""
-    return f"{pool[:40].rstrip('-.')}-slot-{secrets.token_hex(3)}"
 
 
 class SlotScheduler:
@@ -140,7 +87,7 @@ class SlotScheduler:
                 await self._remove(namespace, slot)
         live = [s for s in slots if s.lost is None]
         waiting = [w for w in work.values() if w.key not in held and await self._queued(w)]
-        capacity = slot_concurrency(pool.slot_concurrency, _max_num_seqs(pool))
+        capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
         views = [
             SlotView(
                 name=s.name,
@@ -220,7 +167,7 @@ class SlotScheduler:
         if heartbeat is not None and (seen is None or seen[0] != heartbeat.seq):
             self._seen[name] = seen = (heartbeat.seq, now)
             self._count_time(pool_name, name, heartbeat)
-        lost = _job_ended(job)
+        lost = job_ended(job)
         exited = lost == "slot Job complete"
         if lost is None and lease_lapsed(
             seen[1] if seen else None, now, self.config.slot_lease_seconds
@@ -265,7 +212,7 @@ class SlotScheduler:
                 held |= slot.running()
             reports = {r.key: r for r in slot.heartbeat.shards} if slot.heartbeat else {}
             for key, assignment in slot.assignments.items():
-                lease = await asyncio.to_thread(read_lease, self.store, _lease_key(assignment))
+                lease = await asyncio.to_thread(read_lease, self.store, lease_key(assignment))
                 if lease is None or (lease.generation, lease.slot) != (
                     assignment.generation,
                     slot.name,
@@ -319,6 +266,7 @@ class SlotScheduler:
                 await self._write(assignment, lease, state="done", reason=None, message=None)
                 if item is not None:
                     result.learned.append((item.requests, progress.busy_seconds))
+                result.run_seconds.append(max(0.0, self.clock() - lease.granted_at))
                 return
             metrics.SHARD_INCOMPLETE.inc()
             missing = (item.requests if item else covered) - covered
@@ -355,7 +303,7 @@ class SlotScheduler:
 
     async def _write(self, assignment: Assignment, lease: ShardLease, **changes: Any) -> None:
         updated = lease.model_copy(update=changes)
-        await asyncio.to_thread(write_lease, self.store, _lease_key(assignment), updated)
+        await asyncio.to_thread(write_lease, self.store, lease_key(assignment), updated)
 
     async def _remove(self, namespace: str, slot: ObservedSlot) -> None:
         """A lost slot: delete its Job (a hung process with it) and its channel."""
@@ -400,7 +348,7 @@ class SlotScheduler:
             channel_prefix=prefix,
             model=ModelRef(name=model.name, path=model.source),
             engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
-            concurrency=slot_concurrency(pool.slot_concurrency, _max_num_seqs(pool)),
+            concurrency=slot_concurrency(pool.slot_concurrency, max_num_seqs(pool)),
             idle_seconds=pool.idle_seconds,
             heartbeat_seconds=self.config.slot_heartbeat_seconds,
             poll_seconds=self.config.slot_poll_seconds,
@@ -474,7 +422,7 @@ class SlotScheduler:
         for victim in victims:
             slot = holders[victim.key]
             assignment = slot.assignments[victim.key]
-            lease = await asyncio.to_thread(read_lease, self.store, _lease_key(assignment))
+            lease = await asyncio.to_thread(read_lease, self.store, lease_key(assignment))
             if lease is not None:
                 await self._write(assignment, lease, preemptions=lease.preemptions + 1)
             await asyncio.to_thread(slot.channel.revoke, victim.key)
@@ -485,20 +433,3 @@ class SlotScheduler:
                     f"Took shard {victim.key} back from {slot.name} for expedited work",
                 )
             )
-
-
-def _lease_key(assignment: Assignment) -> str:
-    return keys.shard_lease_key(assignment.shard.output_prefix)
-
-
-def _job_ended(job: dict[str, Any]) -> str | None:
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") in ("Complete", "Failed"):
-            detail = cond.get("message") or cond.get("reason") or ""
-            return f"slot Job {cond['type'].lower()}" + (f": {detail}" if detail else "")
-    return None
-
-
-def _max_num_seqs(pool: BatchPoolSpec) -> int:
-    value = engine_args(pool).get("max_num_seqs")
-    return int(value) if isinstance(value, int) else 256

@@ -93,9 +93,9 @@ class ExecutorSpec(CRModel):
     backoff_limit: Annotated[int, Field(ge=0, le=20)] = 3
     """Failed attempts (not counting preemptions) before a shard is given up."""
     termination_grace_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
-    """Time a shard pod gets to flush after SIGTERM."""
+    """Time a slot pod gets to flush after SIGTERM."""
     service_account_name: DNSName | None = None
-    """ServiceAccount of shard pods (no token is mounted)."""
+    """ServiceAccount of slot pods (no token is mounted)."""
     store_secret_name: DNSName | None = None
     """Secret in the worker namespace with object-store credentials."""
 
@@ -182,7 +182,8 @@ class BatchPoolSpec(CRModel):
     tolerations: Annotated[list[Toleration], Field(max_length=16)] | None = None
     """Tolerations of slot pods."""
     min_slots: Annotated[int, Field(ge=0, le=1024)] = 0
-    """Fewest slots kept even without work."""
+    """Fewest slots the autoscaler wants (slots still start only for queued shards, and an idle
+    one exits after idleSeconds)."""
     max_slots: Annotated[int, Field(ge=1, le=1024)] = 1
     """Most slots (slot Jobs) running at once."""
     slot_concurrency: Annotated[int, Field(ge=1, le=64)] | None = None
@@ -203,9 +204,10 @@ class BatchPoolSpec(CRModel):
     expedited_allowed: bool = True
     """Whether this pool accepts expedited batches."""
     preemption: Literal["Never", "LowerPriority"] = "Never"
-    """LowerPriority lets expedited shards suspend running standard/flex shards."""
+    """LowerPriority lets waiting expedited shards take running standard/flex shards back from
+    their slots (stop feeding, commit, re-queue)."""
     max_preemptions_per_shard: Annotated[int, Field(ge=0, le=100)] = 3
-    """A shard is not preempted more often than this."""
+    """A shard is not taken back more often than this."""
     scale_down_cooldown_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
     """How long the wanted slot count must stay lower before slots are released."""
     retention: PoolRetention | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -25,11 +26,12 @@ from llmbatch.controller.batches.gputime import gpu_time_charge
 from llmbatch.controller.batches.merge import MergedResults, ShardOutcome, merge_shard_outputs
 from llmbatch.controller.batches.step import BatchView, Step, error, transition
 from llmbatch.controller.jobs import LABEL_BATCH_UID, LABEL_POOL
-from llmbatch.controller.slots import work_key
+from llmbatch.controller.slotstate import work_key
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
+from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import SlotChannel, read_lease, write_lease
 
 log = logging.getLogger("llmbatch.controller.batches")
@@ -39,7 +41,7 @@ class Finalization(PhaseDeps):
     """Runs the ``finalizing`` / ``cancelling`` phase of one batch per call (idempotent)."""
 
     async def worker_namespace(self, batch: BatchView) -> str | None:
-        """Where the batch's Jobs run: recorded at acceptance; the pool's for older batches."""
+        """Where the pool's slots run: recorded at acceptance; the pool's for older batches."""
         if batch.status.worker_namespace:
             return batch.status.worker_namespace
         pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
@@ -119,7 +121,7 @@ class Finalization(PhaseDeps):
             output_file_id=_derived(batch, "output") if merged.output_key else None,
             error_file_id=_derived(batch, "errors") if merged.error_key else None,
         )
-        self._charge(batch, step, merged, pool, now)
+        await self._charge(batch, step, merged, pool, now)
         if merged.completed + failed != total:
             log.error("batch %s: %d + %d != %d", batch.name, merged.completed, failed, total)
         self._end(batch, step, merged, now, f"{merged.completed} completed, {failed} failed")
@@ -187,7 +189,7 @@ class Finalization(PhaseDeps):
                 manifest["spec"]["expiresAt"] = expires_at
                 await self.kube.create_or_adopt_custom("batchfiles", batch.namespace, manifest)
 
-    def _charge(
+    async def _charge(
         self,
         batch: BatchView,
         step: Step,
@@ -199,7 +201,16 @@ class Finalization(PhaseDeps):
         charges = batch.status.billing
         pricing = batch.status.pricing
         if charges is not None and charges.mode == "GPUTime":
-            used, cost = gpu_time_charge(batch.status, pool, charges.gpu_hour_price, now)
+            # The shards' busy shares as their progress records have them now: the status's
+            # copy is folded at most every progress interval (a cancel can end it sooner).
+            status = batch.status.model_copy(deep=True)
+            for shard in status.shards or []:
+                prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+                progress = await asyncio.to_thread(read_progress, self.store, prefix)
+                if progress is not None:
+                    shard.run_seconds = max(shard.run_seconds, math.ceil(progress.busy_seconds))
+            step.set(shards=status.shards)
+            used, cost = gpu_time_charge(status, pool, charges.gpu_hour_price, now)
             step.set(cost=cost, billing=charges.model_copy(update={"gpu_seconds": used}))
         elif pricing is not None:
             step.set(

@@ -1,6 +1,6 @@
 """The Batch reconciler: one idempotent step per call, all state on the object.
 
-``BatchReconciler.step`` reads the Batch (typed, once), its Jobs and the store, takes the next step
+``BatchReconciler.step`` reads the Batch (typed, once) and the store, takes the next step
 of the lifecycle and returns the typed status patch plus the Events to post. A kopf timer calls it
 every few seconds (level-based), and create/cancel handlers call it at once (edge-triggered
 speed-up), so a restarted operator simply continues: nothing is kept in memory but throttling
@@ -99,10 +99,10 @@ class BatchReconciler:
                 await self.validation.run(batch, step, now)
         elif phase == Phase.IN_PROGRESS:
             if batch.spec.cancel:
-                message = "Cancel requested: stopping shard Jobs, keeping finished results"
+                message = "Cancel requested: taking the shards back, keeping finished results"
                 transition(step, batch, Phase.CANCELLING, now, "CancelRequested", message)
             elif expired:
-                message = "Completion window passed: stopping shard Jobs"
+                message = "Completion window passed: taking the shards back"
                 transition(step, batch, Phase.FINALIZING, now, "Expired", message)
                 message = "The completion window passed before every request ran."
                 set_condition(step, batch, "Expired", True, "WindowPassed", message, now)
@@ -158,7 +158,8 @@ class BatchReconciler:
     # --- deletion ------------------------------------------------------------------------------
 
     async def delete(self, body: dict[str, Any]) -> None:
-        """Remove the batch's Jobs, work area and result bytes (their BatchFiles are owned)."""
+        """Take the batch's shards back from their slots, remove its work area and result bytes
+        (their BatchFiles are owned)."""
         batch = BatchView.parse(body)
         await self._release_on_delete(batch)
         await self.finalization.release_shards(batch)

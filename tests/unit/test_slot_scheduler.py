@@ -1,0 +1,127 @@
+"""The pool scheduler's rounds over warm slots, with the reconciler harness: a slot that stops
+heartbeating loses its shards to another within the lease (fenced), a warm slot takes the next
+batch without a new engine, preemption takes a standard shard back for an expedited one, and
+scale-down drains idle slots."""
+
+from __future__ import annotations
+
+import pathlib
+from collections import Counter
+
+import pytest
+
+from llmbatch.api.slot import ShardReport, SlotHeartbeat
+from llmbatch.core import keys
+from llmbatch.storage.slotchannel import SlotChannel, read_lease
+from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
+from tests.fixtures.reconciler import ReconcilerHarness
+
+
+@pytest.fixture
+def h(tmp_path: pathlib.Path) -> ReconcilerHarness:
+    harness = ReconcilerHarness(tmp_path)
+    harness.kube.add("batchpools", make_pool(scaleDownCooldownSeconds=0))
+    return harness
+
+
+def submit(h: ReconcilerHarness, name: str, requests: int, **spec: object) -> str:
+    file_id = f"file-{name[-32:]:0>32}"
+    h.kube.add("batchfiles", make_input_file(h.store, file_id, requests))
+    h.kube.add("batches", make_batch(name, input_file_id=file_id, **spec))
+    h.step_until(name, "in_progress")
+    h.step(name)  # the shard specs: queued
+    return name
+
+
+def channel(h: ReconcilerHarness, slot: str) -> SlotChannel:
+    return SlotChannel(h.store, keys.slot_prefix("pool-a", slot))
+
+
+def beat(h: ReconcilerHarness, slot: str, state: str = "ready", seq: int = 1) -> None:
+    """The slot's heartbeat, its assigned shards running."""
+    ch = channel(h, slot)
+    running = [
+        ShardReport(key=k, generation=a.generation, state="running")
+        for k, a in ch.assignments().items()
+    ]
+    ch.write_heartbeat(
+        SlotHeartbeat(slot=slot, seq=seq, state=state, started_at=h.now, shards=running)  # type: ignore[arg-type]
+    )
+
+
+def lease_of(h: ReconcilerHarness, name: str, index: int = 0) -> object:
+    uid = h.batch(name)["metadata"]["uid"]
+    return read_lease(h.store, keys.shard_lease_key(keys.shard_prefix(TENANT, uid, index)))
+
+
+def test_a_slot_without_heartbeats_loses_its_shards_to_another_fenced(h: ReconcilerHarness) -> None:
+    name = submit(h, "batch-" + "a" * 24, requests=2)
+    h.pool_round()
+    (first,) = h.jobs()
+    slot = first["metadata"]["name"]
+    beat(h, slot)
+    h.pool_round()  # seen alive
+    before = lease_of(h, name)
+    h.now += h.config.slot_lease_seconds + 1  # no new heartbeat since
+    h.pool_round()
+    assert slot not in [j["metadata"]["name"] for j in h.jobs()]  # its Job is deleted
+    (second,) = h.jobs()
+    after = lease_of(h, name)
+    assert after.slot == second["metadata"]["name"]  # type: ignore[attr-defined]
+    assert after.generation == before.generation + 1  # type: ignore[attr-defined]
+    assert after.attempts == 1  # type: ignore[attr-defined]
+    h.step(name)
+    assert "SlotLost" in h.reasons()
+    h.run_jobs()
+    status = h.step_until(name, "completed")
+    out = h.file_lines(status["outputFileID"])
+    assert Counter(line["custom_id"] for line in out) == Counter(["req-0", "req-1"])
+
+
+def test_a_warm_slot_takes_the_next_batch_without_starting_another(h: ReconcilerHarness) -> None:
+    first = submit(h, "batch-" + "b" * 24, requests=2)
+    h.pool_round()
+    (slot,) = h.jobs()
+    name = slot["metadata"]["name"]
+    assert h.run_slot(slot, exits=False).value == "done"
+    h.pool_round()  # settles the done report, takes the assignment back
+    beat(h, name, seq=2)  # idle and ready, model loaded
+    h.pool_round()
+    h.step_until(first, "completed")
+    second = submit(h, "batch-" + "c" * 24, requests=2)
+    h.pool_round()
+    assert [j["metadata"]["name"] for j in h.jobs()] == [name]  # no new slot
+    assert lease_of(h, second).slot == name  # type: ignore[attr-defined]
+
+
+def test_expedited_takes_a_standard_shard_back_from_a_full_slot(h: ReconcilerHarness) -> None:
+    h.kube.remove("batchpools", None, "pool-a")
+    h.kube.add(
+        "batchpools",
+        make_pool(maxSlots=1, slotConcurrency=1, preemption="LowerPriority"),
+    )
+    standard = submit(h, "batch-" + "d" * 24, requests=2)
+    h.pool_round()
+    (slot,) = h.jobs()
+    beat(h, slot["metadata"]["name"])
+    submit(h, "batch-" + "e" * 24, requests=2, priority="expedited")
+    h.pool_round()
+    assert "Preempted" in h.reasons()
+    assert channel(h, slot["metadata"]["name"]).assignments() == {}  # taken back
+    assert lease_of(h, standard).preemptions == 1  # type: ignore[attr-defined]
+
+
+def test_scale_down_drains_idle_slots(h: ReconcilerHarness) -> None:
+    name = submit(h, "batch-" + "f" * 24, requests=2)
+    h.pool_round()
+    (slot,) = h.jobs()
+    slot_name = slot["metadata"]["name"]
+    assert h.run_slot(slot, exits=False).value == "done"
+    h.pool_round()
+    beat(h, slot_name, seq=2)
+    h.pool_round()
+    h.step_until(name, "completed")
+    for _ in range(3):  # no backlog: desired falls to 0 (no cool-down in this pool)
+        h.pool_round()
+    assert channel(h, slot_name).drain_requested()
+    assert "SlotDrained" in h.reasons()
