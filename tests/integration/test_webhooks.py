@@ -8,6 +8,7 @@ short backoff. Every event is verified with the openai SDK's own ``webhooks.unwr
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import json
 import os
@@ -103,21 +104,30 @@ def receiver() -> Iterator[Receiver]:
     server.server_close()
 
 
+@contextlib.contextmanager
+def operator_settings(operator: OperatorProcess, settings: dict[str, str]) -> Iterator[None]:
+    """The operator restarted with ``settings`` in its environment, and again without them."""
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    operator.restart()
+    wait_for(_metrics_up(operator), 60, "operator metrics", operator.logs)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        operator.restart()
+        wait_for(_metrics_up(operator), 60, "operator metrics", operator.logs)
+
+
 @pytest.fixture(scope="module")
 def webhook_operator(operator_process: OperatorProcess) -> Iterator[OperatorProcess]:
     """The session's operator, restarted with loopback allowed and short retries."""
-    saved = {k: os.environ.get(k) for k in SETTINGS}
-    os.environ.update(SETTINGS)
-    operator_process.restart()
-    wait_for(_metrics_up(operator_process), 60, "operator metrics", operator_process.logs)
-    yield operator_process
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    operator_process.restart()
-    wait_for(_metrics_up(operator_process), 60, "operator metrics", operator_process.logs)
+    with operator_settings(operator_process, SETTINGS):
+        yield operator_process
 
 
 def _metrics_up(operator: OperatorProcess) -> Any:
@@ -183,6 +193,13 @@ def describe(cluster: Any, namespace: str, name: str) -> str:
     return out
 
 
+def metric(operator: OperatorProcess, series: str) -> float:
+    for line in operator.metrics().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} not exported")
+
+
 # --- tests -------------------------------------------------------------------------------------
 
 
@@ -225,6 +242,7 @@ def test_a_completed_batch_sends_one_signed_event_the_sdk_verifies(
     assert status["delivered"] == 1
     assert status.get("failedAttempts", 0) == 0
     assert "WebhookDelivered" in describe(cluster, namespace, name)
+    assert metric(webhook_operator, 'llmbatch_webhook_deliveries_total{outcome="delivered"}') >= 1
     time.sleep(3)  # nothing more arrives: one event per endpoint
     assert len(receiver.on("/done")) == 1
 
@@ -312,7 +330,7 @@ def test_a_new_endpoint_is_checked_before_any_delivery(
     receiver: Receiver,
     tmp_path: pathlib.Path,
 ) -> None:
-    hook = {
+    hook: dict[str, Any] = {
         "apiVersion": "llmbatch.io/v1alpha1",
         "kind": "BatchWebhook",
         "metadata": {"name": "unsigned", "namespace": namespace},
@@ -345,3 +363,35 @@ def test_a_new_endpoint_is_checked_before_any_delivery(
     )
     assert ready()["status"] == "True"
     assert receiver.got == []  # a check sends nothing
+
+
+def test_an_endpoint_that_keeps_failing_is_given_up_with_a_warning(
+    cluster: Any,
+    namespace: str,
+    webhook_operator: OperatorProcess,
+    receiver: Receiver,
+    tmp_path: pathlib.Path,
+) -> None:
+    receiver.fail["/dead"] = 1000
+    hook = register(cluster, tmp_path, namespace, receiver.url("/dead"))
+    pool = make_pool(cluster, tmp_path)
+    # Retries for 4 s instead of 24 h (base 1 s, max 4 s: attempts at about 0, 1, 3 and 7 s).
+    with operator_settings(webhook_operator, {**SETTINGS, "LLMBATCH_WEBHOOK_RETRY_FOR": "4"}):
+        name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(2))
+        wait_status(cluster, webhook_operator, namespace, name, {"completed"})
+
+        def given_up() -> Any:
+            cond = condition(get_batch(cluster, namespace, name), "WebhooksDelivered")
+            return cond if cond and cond["reason"] == "GivenUp" else None
+
+        cond = wait_for(given_up, 60, "the delivery given up", webhook_operator.logs)
+    assert cond["status"] == "False"
+    attempts = receiver.on("/dead")
+    assert len(attempts) >= 3
+    assert len({r.headers["webhook-id"] for r in attempts}) == 1
+    assert "WebhookGivenUp" in describe(cluster, namespace, name)
+    status = kubectl_json(cluster, "get", "batchwebhook", hook, "-n", namespace)["status"]
+    assert status["givenUp"] == 1
+    assert status["failedAttempts"] == len(attempts)
+    time.sleep(3)  # given up: no attempt more
+    assert len(receiver.on("/dead")) == len(attempts)
