@@ -68,21 +68,61 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "the tier misses it whatever the autoscaler does.",
             ),
             (
-                "Slots: running / desired / max",
+                "Slots: busy / warm / desired / max",
                 "short",
                 [
-                    ("{{pool}} running", f"max by (pool) (llmbatch_pool_jobs_running{P})"),
+                    ("{{pool}} busy", f"max by (pool) (llmbatch_pool_jobs_running{P})"),
+                    ("{{pool}} warm", f"max by (pool) (llmbatch_pool_warm_slots{P})"),
                     ("{{pool}} desired", f"max by (pool) (llmbatch_pool_desired_slots{P})"),
                     ("{{pool}} max", f"max by (pool) (llmbatch_pool_max_slots{P})"),
                 ],
-                "",
+                "Warm slots hold their model loaded; busy ones run at least one shard.",
             ),
             (
-                "Slot utilisation (running / max)",
+                "Slot utilisation (busy / max)",
                 "percentunit",
                 [("{{pool}}", f"llmbatch:pool_slot_utilisation:ratio{P}")],
-                "Slots holding a running shard Job. GPU busy time is not measured: executors "
-                "export no engine metrics.",
+                "Slots running at least one shard, over maxSlots.",
+            ),
+            (
+                "Engine busy fraction (heartbeats)",
+                "percentunit",
+                [
+                    (
+                        "{{pool}}",
+                        'sum by (pool) (rate(llmbatch_slot_seconds_total{pool=~"$pool",status="busy"}[5m])) '
+                        f"/ sum by (pool) (rate(llmbatch_slot_seconds_total{P}[5m]))",
+                    )
+                ],
+                "Time with at least one request in a slot's engine over its loaded time "
+                "(busy + idle): what warm slots keep high.",
+            ),
+            (
+                "Engine starts and shard assignments",
+                "short",
+                [
+                    (
+                        "{{pool}} engine starts / h",
+                        f"sum by (pool) (increase(llmbatch_slot_starts_total{P}[1h]))",
+                    ),
+                    (
+                        "{{pool}} assignments / h",
+                        f"sum by (pool) (increase(llmbatch_slot_assignments_total{P}[1h]))",
+                    ),
+                ],
+                "Each slot start loads the model once; assignments include re-runs.",
+            ),
+            (
+                "Wait for a first slot (p95)",
+                "s",
+                [
+                    (
+                        "{{pool}}",
+                        "histogram_quantile(0.95, sum by (pool, le) "
+                        f"(rate(llmbatch_slot_assignment_wait_seconds_bucket{P}[1h])))",
+                    )
+                ],
+                "From a batch starting to run to each shard's first assignment.",
             ),
             (
                 "Throughput per slot (assumed or learned)",

@@ -6,7 +6,7 @@
 #   make faults      the fault suite with its default (short) sweep, as `make test` runs it
 #   make soak        the long sweeps: LLMBATCH_FAULT_ITERATIONS (default 200) store/crash faults on
 #                    the suite's stack, LLMBATCH_CRASH_ITERATIONS (default 50) crashes on the stack
-#                    `llmbatch dev up` starts
+#                    `llmbatch dev up` starts and as many on the chart install
 TOXIPROXY_DIR := hack/toxiproxy
 TOXIPROXY_BIN := $(CACHE)/bin/toxiproxy-server
 SOAK_ITERATIONS ?= 200
@@ -29,8 +29,10 @@ soak: $(TEST_PREREQS)
 	LLMBATCH_FAULT_ITERATIONS=$(SOAK_ITERATIONS) LLMBATCH_CRASH_ITERATIONS=$(CRASH_SOAK_ITERATIONS) \
 		$(BIN)/pytest tests/faults -x $(PYTEST_ARGS)
 
-# The crash sweeps alone (tests/faults/test_devstack_sweep.py, docs/reliability.md):
-#   LLMBATCH_CRASH_SEED=… LLMBATCH_CRASH_ITERATIONS=… make crash-sweep
+# The crash sweeps alone (docs/reliability.md): on the stack `llmbatch dev up` starts and on the
+# chart install.
+#   LLMBATCH_CRASH_SEED=… LLMBATCH_CRASH_ITERATIONS=… LLMBATCH_CRASH_VICTIMS=… make crash-sweep
+CRASH_SWEEPS ?= tests/faults/test_devstack_sweep.py tests/faults/test_chart_sweep.py
 .PHONY: crash-sweep
 crash-sweep: $(TEST_PREREQS)
-	$(BIN)/pytest tests/faults/test_devstack_sweep.py -s $(PYTEST_ARGS)
+	$(BIN)/pytest $(CRASH_SWEEPS) -s $(PYTEST_ARGS)

@@ -6,6 +6,11 @@
 // It serves TLS on 127.0.0.1 (a free port unless --port is given), authenticates with client
 // certificates, authorizes with RBAC, signs service-account tokens, and writes an admin kubeconfig.
 // SIGTERM or SIGINT stops everything and removes the state it created.
+//
+// Every start is a fresh cluster (etcd's data wiped, new certificates) unless --keep-state is
+// given: then a start continues the cluster of the previous one in --data-dir, with its etcd
+// data, its certificates and its ports, so that clients holding the old kubeconfig (and pods
+// holding service-account tokens) reconnect as to a restarted API server.
 package main
 
 import (
@@ -71,6 +76,7 @@ type config struct {
 	exitWithParent   bool
 	verbosity        int
 	nodeMonitorGrace time.Duration
+	keepState        bool
 }
 
 func main() {
@@ -83,6 +89,7 @@ func main() {
 	fs.BoolVar(&cfg.exitWithParent, "exit-with-parent", false, "stop when the parent process goes away")
 	fs.IntVar(&cfg.verbosity, "v", 0, "klog verbosity of every component")
 	fs.DurationVar(&cfg.nodeMonitorGrace, "node-monitor-grace-period", 40*time.Second, "kube-controller-manager --node-monitor-grace-period")
+	fs.BoolVar(&cfg.keepState, "keep-state", false, "continue the cluster of the last start in --data-dir (its etcd data, certificates and ports) instead of starting a fresh one")
 	_ = fs.Parse(os.Args[1:])
 	if cfg.kubeconfig == "" {
 		fmt.Fprintln(os.Stderr, "testcluster: --kubeconfig is required")
@@ -121,20 +128,37 @@ func run(cfg config) error {
 	}()
 	pkiDir := filepath.Join(cfg.dataDir, "pki")
 	etcdDir := filepath.Join(cfg.dataDir, "etcd")
-	// A fresh etcd every start: the cluster is disposable.
-	_ = os.RemoveAll(etcdDir)
+	statePath := filepath.Join(cfg.dataDir, stateFile)
+	var kept clusterState
+	continuing := false
+	if cfg.keepState {
+		if previous := readState(statePath, pkiDir); previous != nil {
+			kept, continuing = *previous, true
+			fmt.Printf("testcluster: continuing the cluster in %s\n", cfg.dataDir)
+		}
+	}
+	if !continuing {
+		// A fresh etcd every start: the cluster is disposable.
+		_ = os.RemoveAll(etcdDir)
+	}
+	apiPort := kept.APIServerPort
+	if cfg.port != 0 {
+		apiPort = cfg.port
+	}
 
 	// Listener for the apiserver first, so that the port is known to every certificate and kubeconfig.
-	listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.port)))
+	listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(apiPort)))
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	port := listener.Addr().(*net.TCPAddr).Port
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
 
-	p, err := writePKI(pkiDir)
-	if err != nil {
-		return fmt.Errorf("certificates: %w", err)
+	p := pki{dir: pkiDir}
+	if !continuing {
+		if p, err = writePKI(pkiDir); err != nil {
+			return fmt.Errorf("certificates: %w", err)
+		}
 	}
 	kcmKubeconfig := filepath.Join(cfg.dataDir, "controller-manager.kubeconfig")
 	schedKubeconfig := filepath.Join(cfg.dataDir, "scheduler.kubeconfig")
@@ -148,19 +172,28 @@ func run(cfg config) error {
 	}
 
 	// The etcd ports are probed free and bound a moment later; retry if another process took one.
+	// A continued cluster asks for its previous ports first.
 	var etcd *embed.Etcd
 	var etcdURL string
+	clientPort, peerPort := kept.EtcdClientPort, kept.EtcdPeerPort
 	for attempt := 1; ; attempt++ {
-		etcd, etcdURL, err = startEtcd(etcdDir)
+		etcd, etcdURL, clientPort, peerPort, err = startEtcd(etcdDir, clientPort, peerPort)
 		if err == nil {
 			break
 		}
 		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
 			return fmt.Errorf("etcd: %w", err)
 		}
-		_ = os.RemoveAll(etcdDir)
+		if !continuing {
+			_ = os.RemoveAll(etcdDir)
+		}
+		clientPort, peerPort = 0, 0
 	}
 	defer etcd.Close()
+	next := clusterState{APIServerPort: port, EtcdClientPort: clientPort, EtcdPeerPort: peerPort}
+	if err := writeState(statePath, next); err != nil {
+		return err
+	}
 
 	// klog: one configuration for all components.
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -341,14 +374,18 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func startEtcd(dir string) (*embed.Etcd, string, error) {
-	clientPort, err := freePort()
-	if err != nil {
-		return nil, "", err
+// startEtcd starts etcd on the given ports (0: a free one); its client URL and ports.
+func startEtcd(dir string, clientPort, peerPort int) (*embed.Etcd, string, int, int, error) {
+	var err error
+	if clientPort == 0 {
+		if clientPort, err = freePort(); err != nil {
+			return nil, "", 0, 0, err
+		}
 	}
-	peerPort, err := freePort()
-	if err != nil {
-		return nil, "", err
+	if peerPort == 0 {
+		if peerPort, err = freePort(); err != nil {
+			return nil, "", 0, 0, err
+		}
 	}
 	clientURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
 	peerURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
@@ -361,22 +398,24 @@ func startEtcd(dir string) (*embed.Etcd, string, error) {
 	c.AdvertisePeerUrls = []url.URL{peerURL}
 	c.InitialCluster = c.InitialClusterFromName(c.Name)
 	c.LogLevel = "error"
-	c.UnsafeNoFsync = true // disposable data: trade durability for speed
+	// Disposable data: trade durability for speed. A killed process (--keep-state continues
+	// after one) loses nothing: its writes are in the page cache; only a machine crash would.
+	c.UnsafeNoFsync = true
 	c.QuotaBackendBytes = 2 << 30
 	e, err := embed.StartEtcd(c)
 	if err != nil {
-		return nil, "", err
+		return nil, "", 0, 0, err
 	}
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
 		e.Close()
-		return nil, "", err
+		return nil, "", 0, 0, err
 	case <-time.After(60 * time.Second):
 		e.Close()
-		return nil, "", errors.New("etcd did not become ready within 60s")
+		return nil, "", 0, 0, errors.New("etcd did not become ready within 60s")
 	}
-	return e, clientURL.String(), nil
+	return e, clientURL.String(), clientPort, peerPort, nil
 }
 
 func waitReady(ctx context.Context, kubeconfig string, errCh <-chan error) error {

@@ -6,7 +6,7 @@ docs/reliability.md.
 
 ``LLMBATCH_CRASH_ITERATIONS`` (default 3: the short sweep of ``make test``; ``make soak`` runs
 more) and ``LLMBATCH_CRASH_SEED`` (default: random, printed) choose the run; a failure prints
-the line that replays it.
+the line that replays it. ``LLMBATCH_CRASH_VICTIMS`` (comma-separated) narrows the victims.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ from tests.faults.test_sweep import ClientLog, _download, _input, _leftovers, _w
 ITERATIONS = int(os.environ.get("LLMBATCH_CRASH_ITERATIONS", "3"))
 SEED = int(os.environ.get("LLMBATCH_CRASH_SEED") or random.SystemRandom().randrange(1 << 30))
 BATCH_TIMEOUT = 240.0
-KILL_WINDOW = (0.0, 6.0)
+KILL_WINDOW = (0.0, 10.0)
 """Seconds after the batch's creation within which the victim is killed (the simulated engine's
 batches of 6-24 requests run for roughly 5-15 s on this stack)."""
 VICTIM_WAIT = 15.0
 """How long a kill waits for its victim to exist (an executor pod between two shards)."""
 HEAL_TIMEOUT = 120.0
+ONLY_VICTIMS = [v for v in os.environ.get("LLMBATCH_CRASH_VICTIMS", "").split(",") if v]
 
 
 class CrashStack(Protocol):
@@ -153,7 +154,8 @@ def run_iteration(stack: CrashStack, rng: random.Random) -> Outcome:
     log = ClientLog()
     client = _client(stack, log)
     data, ids = _input(rng)
-    kill = Kill(rng.choice(stack.victims), rng.uniform(*KILL_WINDOW))
+    victims = [v for v in stack.victims if not ONLY_VICTIMS or v in ONLY_VICTIMS]
+    kill = Kill(rng.choice(victims), rng.uniform(*KILL_WINDOW))
     upload = _with_retries(
         lambda: client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
     )

@@ -1,8 +1,9 @@
 """The crash sweep on the stack ``llmbatch dev up`` starts, as users run it: the CLI starts its
 supervisor with the control plane, the node agent and the components (setup, operator, gateway);
-each iteration submits a batch through the gateway with the official SDK, SIGKILLs one victim at
-a random moment while the batch runs, and checks the invariants once it has ended
-(``tests/faults/crashsweep.py``; docs/reliability.md).
+each iteration submits a batch through the gateway with the official SDK, SIGKILLs one victim —
+the operator, the gateway, the batch's executor processes, the control plane (``apiserver``) or
+the node agent — at a random moment while the batch runs, and checks the invariants once it has
+ended (``tests/faults/crashsweep.py``; docs/reliability.md).
 
 The demo pool serves SmolLM2 on the CPU vLLM engine, far too slow for a sweep: the iterations
 run on a pool of the simulated engine applied with kubectl, as a user would add one.
@@ -34,7 +35,7 @@ from tests.fixtures.gateway import free_port, wait_for_key
 from tests.fixtures.operator import simulated_pool
 
 REPO = Path(__file__).resolve().parents[2]
-VICTIMS = ("operator", "gateway", "executor")
+VICTIMS = ("operator", "gateway", "executor", "apiserver", "node-agent")
 FIGURES = SweepFigures("devstack")
 
 
@@ -67,7 +68,9 @@ class DevStack:
     def _pids(self, victim: str, batch_uid: str) -> list[int]:
         if victim == "executor":
             return _pids_of_batch(batch_uid)
-        pid = (self.cluster.status().get("components") or {}).get(victim)
+        status = self.cluster.status()
+        pid = status.get("controlplane_pid") if victim == "apiserver" else None
+        pid = pid or (status.get("components") or {}).get(victim)
         return [pid] if isinstance(pid, int) else []
 
     def kill(self, victim: str, batch_uid: str) -> list[int]:
@@ -85,6 +88,12 @@ class DevStack:
         problems = [f"state {status.get('state')}"] if status.get("state") != "ready" else []
         components = status.get("components") or {}
         problems += [f"component {name} not running" for name, pid in components.items() if not pid]
+        try:
+            ready = self.cluster.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+        except subprocess.TimeoutExpired:
+            ready = ""
+        if ready.strip() != "ok":
+            problems.append("the API server is not ready")
         if not _http_ok(f"{self.base_url}/healthz"):
             problems.append("the gateway does not answer /healthz")
         if not _http_ok(f"http://127.0.0.1:{self.ports.operator_health}/healthz"):

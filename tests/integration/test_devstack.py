@@ -226,3 +226,101 @@ def test_a_killed_operator_comes_back_while_the_gateway_serves(tmp_path: Path) -
     finally:
         cluster.stop()
     assert cluster.leftover_processes() == []
+
+
+def _pid_of(status: dict[str, Any], victim: str) -> int | None:
+    pid = status.get("controlplane_pid") if victim == "controlplane" else None
+    return pid or (status.get("components") or {}).get(victim)
+
+
+@pytest.mark.parametrize("victim", ["controlplane", "node-agent"])
+def test_a_killed_control_plane_or_node_agent_comes_back(tmp_path: Path, victim: str) -> None:
+    """kill -9 of the control plane mid-batch: the supervisor restarts it on the same etcd data,
+    certificates and port (``--keep-state``); the operator, the gateway and the node agent
+    reconnect. kill -9 of the node agent (a process of its own): the supervisor restarts it, the
+    new agent reports the pods its predecessor ran as failed (their processes died with it) and
+    their Jobs replace them. Either way the batch completes with every line once."""
+    ports = devstack.StackPorts(
+        gateway=free_port(),
+        gateway_metrics=free_port(),
+        operator_metrics=free_port(),
+        operator_health=free_port(),
+    )
+    state_dir = tmp_path / "stack"
+    cfg = ClusterConfig(
+        state_dir=state_dir,
+        nodes=gpu_nodes(1, gpus=2, prefix="cp"),
+        components=list(devstack.components(ports).values()),
+    )
+    cluster = start_cluster(cfg)
+
+    def explain() -> str:
+        logs = sorted((state_dir / "logs").glob("*.log"))
+        tails = [f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs]
+        supervisor = (state_dir / "supervisor.log").read_text(errors="replace")[-3000:]
+        return f"{json.dumps(cluster.status(), indent=1)}\n{supervisor}\n" + "\n".join(tails)
+
+    try:
+        model = f"cp-{uuid.uuid4().hex[:6]}"
+        pool = simulated_pool(
+            f"pool-{model}",
+            model,
+            worker_namespace=devstack.WORKER_NAMESPACE,
+            executor={"engineArgs": ["--latency-seconds=2"]},
+        )
+        kubectl(cluster.kubeconfig, "apply", "-f", "-", input=json.dumps(pool))
+        base_url = f"http://127.0.0.1:{ports.gateway}"
+        key = _demo_key(state_dir)
+        wait_for_key(base_url, key, accepted=True)
+        client = openai.OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=8)
+        uploaded = client.files.create(file=("in.jsonl", _requests(model, 20)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        before = cluster.status()
+        server = before["server"]
+
+        def running_pod() -> bool:
+            pods = kubectl(
+                cluster.kubeconfig, "get", "pods", "-n", devstack.WORKER_NAMESPACE, "-o", "json"
+            ).stdout
+            return any(p["status"].get("phase") == "Running" for p in json.loads(pods)["items"])
+
+        # Each request takes 2 s: a pod that runs is mid-shard when the victim dies.
+        _wait(running_pod, 90, "an executor pod to run", explain)
+        killed = _pid_of(before, victim)
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+
+        def restarted() -> dict[str, Any] | None:
+            status = cluster.status()
+            pid = _pid_of(status, victim)
+            ok = pid and pid != killed and status["restarts"][victim] == 1
+            return status if ok and _running(pid) else None
+
+        after = _wait(restarted, 120, f"the {victim} to be restarted", explain)
+        assert after["state"] == "ready"
+        assert after["server"] == server, "the restarted API server moved"
+
+        def finished() -> Any:
+            try:
+                current = client.batches.retrieve(batch.id)
+            except openai.APIConnectionError:
+                return None
+            return current if current.status in {"completed", "failed", "expired"} else None
+
+        done = _wait(finished, 240, f"batch {batch.id} to finish", explain)
+        assert done.status == "completed", explain()
+        assert done.request_counts is not None
+        assert done.request_counts.completed == 20
+        assert done.request_counts.failed == 0
+        # The cluster's objects survived: the pool applied before the kill is still there.
+        assert model in kubectl(cluster.kubeconfig, "get", "batchpools").stdout
+        if victim == "node-agent":  # the pod that ran under the killed agent was replaced
+            events = kubectl(
+                cluster.kubeconfig, "get", "events", "-n", devstack.WORKER_NAMESPACE
+            ).stdout
+            assert "NodeAgentRestarted" in events, events
+    finally:
+        cluster.stop()
+    assert cluster.leftover_processes() == []

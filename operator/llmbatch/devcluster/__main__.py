@@ -1,4 +1,5 @@
 """``python -m llmbatch.devcluster supervise STATE_DIR``: the dev-cluster supervisor process;
+``… agent STATE_DIR``: its node agent (a supervised process);
 ``… watchdog PID MARKER [RUN]``: kills the run's processes once the supervisor is gone."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 USAGE = """usage: python -m llmbatch.devcluster supervise STATE_DIR
+       python -m llmbatch.devcluster agent STATE_DIR
        python -m llmbatch.devcluster watchdog PID MARKER [RUN]"""
 
 
@@ -15,6 +17,10 @@ def main(argv: list[str]) -> int:
         from llmbatch.devcluster.supervisor import supervise
 
         return supervise(Path(argv[1]))
+    if len(argv) == 2 and argv[0] == "agent":
+        from llmbatch.devcluster.agentprocess import main as agent
+
+        return agent(Path(argv[1]))
     if len(argv) in (3, 4) and argv[0] == "watchdog":
         from llmbatch.devcluster.procs import watchdog
 

@@ -76,33 +76,44 @@ class ControlPlane:
         self.server: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.ready_seconds: float | None = None
-        self._began = 0.0
+        self.launched_at = 0.0
+        """``time.monotonic()`` of the last launch."""
+        self._log_offset = 0
 
     def start(self, timeout: float = 120.0) -> None:
         """Launch and wait until the control plane serves (``/readyz`` ok, controllers started)."""
         self.launch()
         self.wait_ready(timeout)
 
-    def launch(self) -> None:
+    def launch(self, *, keep_state: bool = False) -> None:
+        """Start the process. ``keep_state``: continue the cluster of the previous launch (its
+        etcd data, certificates, port and kubeconfig: clients reconnect as to a restarted API
+        server) instead of starting a fresh one."""
         if not self.binary.is_file():
             raise ControlPlaneError(
                 f"{self.binary} not found: build it with `make testcluster` "
                 "(see docs/devcluster.md)"
             )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.kubeconfig.unlink(missing_ok=True)
+        if not keep_state:
+            self.kubeconfig.unlink(missing_ok=True)
         argv = [
             str(self.binary),
             f"--kubeconfig={self.kubeconfig}",
             f"--data-dir={self.state_dir / 'controlplane'}",
             f"--port={self.port}",
             "--exit-with-parent",
+            *(["--keep-state"] if keep_state else []),
             *self.extra_args,
         ]
         env = dict(os.environ)
         env[MARKER_ENV] = self.marker
-        self._began = time.monotonic()
-        with self.log_path.open("wb") as log:
+        self.launched_at = time.monotonic()
+        # A continued cluster appends to the log; readiness is looked for in this launch's part.
+        self._log_offset = (
+            self.log_path.stat().st_size if keep_state and self.log_path.exists() else 0
+        )
+        with self.log_path.open("ab" if keep_state else "wb") as log:
             self.process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -116,10 +127,12 @@ class ControlPlane:
     def wait_ready(self, timeout: float = 120.0) -> None:
         if self.process is None:
             raise ControlPlaneError("not launched")
-        began = self._began
+        began = self.launched_at
         deadline = began + timeout
         while time.monotonic() < deadline:
-            match = _READY.search(self.log_path.read_text(errors="replace"))
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_offset)
+                match = _READY.search(log.read().decode(errors="replace"))
             if match:
                 self.server = match.group(1)
                 self.ready_seconds = time.monotonic() - began

@@ -22,7 +22,9 @@ from llmbatch.devcluster.config import NodeSpec
 from llmbatch.devcluster.logserver import LogServer
 from llmbatch.devcluster.podcontext import JSON, PodContext, now_rfc3339
 from llmbatch.devcluster.podenv import decode_secret
-from llmbatch.devcluster.pods import PodRunner
+from llmbatch.devcluster.pods import PodRunner, pod_directory
+from llmbatch.devcluster.podstatus import LOST_REASON, lost_pod_status
+from llmbatch.devcluster.procs import kill_marked
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,9 @@ AGENT_VERSION = "v1.37.2-devcluster"
 DEFAULT_INHERIT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "TZ", "VIRTUAL_ENV")
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40
+STATUS_RETRY_SECONDS = 180.0
+"""How long a pod status write is retried: longer than a control-plane restart, so that a pod
+ending while the API server is away is still reported (its Job would wait for it forever)."""
 
 
 def _raw(body: object) -> Any:
@@ -260,7 +265,11 @@ class NodeAgent:
             raise
 
     async def _write_status(self, namespace: str, name: str, body: JSON) -> bool:
-        for attempt in range(5):
+        """Patch a pod's status, retried with a back-off for ``STATUS_RETRY_SECONDS``; False
+        when the pod is gone from the API."""
+        deadline = asyncio.get_running_loop().time() + STATUS_RETRY_SECONDS
+        delay = 0.2
+        while True:
             try:
                 await self.core.patch_namespaced_pod_status(name, namespace, body)
                 return True
@@ -270,8 +279,11 @@ class NodeAgent:
                 log.warning("status of pod %s/%s: %s", namespace, name, err.reason)
             except Exception as err:
                 log.warning("status of pod %s/%s: %s", namespace, name, err)
-            await asyncio.sleep(0.2 * (attempt + 1))
-        return True
+            if asyncio.get_running_loop().time() > deadline:
+                log.error("status of pod %s/%s not written; giving up", namespace, name)
+                return True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def _delete_pod(self, namespace: str, name: str, uid: str) -> None:
         self._deleted_uids.add(uid)
@@ -312,6 +324,22 @@ class NodeAgent:
         except Exception as err:
             log.debug("event for %s/%s: %s", meta["namespace"], meta["name"], err)
 
+    async def _report_lost(self, pod: JSON) -> None:
+        """A pod an earlier agent started: never run twice (its Job replaces it, as after a node
+        crash); leftover processes (a container's own children) are killed, the pod ``Failed``."""
+        meta = pod["metadata"]
+        killed = kill_marked(self.marker, hostname=meta["name"])
+        log.warning(
+            "pod %s/%s was run by an earlier node agent; reporting it failed (killed %s)",
+            meta["namespace"],
+            meta["name"],
+            killed,
+        )
+        await self._write_status(meta["namespace"], meta["name"], {"status": lost_pod_status(pod)})
+        await self._record_event(
+            pod, "Warning", LOST_REASON, "The pod's processes ended with the node agent"
+        )
+
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -337,6 +365,11 @@ class NodeAgent:
                     self._background(self._delete_pod(meta["namespace"], meta["name"], uid))
                 return
             if phase in ("Succeeded", "Failed") or uid in self._done_uids:
+                return
+            if pod_directory(self.pods_dir, meta).is_dir():
+                # An earlier agent ran it; its processes died with that agent.
+                self._done_uids.add(uid)
+                self._background(self._report_lost(pod))
                 return
             runner = PodRunner(pod, self._context())
             self.runners[uid] = runner

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from llmbatch.devcluster.containers import Container, exit_code, termination_message
@@ -37,6 +38,11 @@ CONFIG_RETRY_SECONDS = 2.0  # CreateContainerConfigError: look for the Secret ag
 KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long to wait for a container to be reaped
 
 
+def pod_directory(pods_dir: Path, meta: JSON) -> Path:
+    """Where a pod's files (logs, termination messages) live, from its metadata."""
+    return pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+
+
 class PodRunner:
     """Runs one pod to its end (or until deleted) and keeps its status current."""
 
@@ -49,7 +55,7 @@ class PodRunner:
         self.uid: str = meta["uid"]
         spec = pod["spec"]
         self.restart_policy: str = spec.get("restartPolicy") or "Always"
-        self.directory = ctx.pods_dir / f"{self.namespace}_{self.name}_{self.uid[:8]}"
+        self.directory = pod_directory(ctx.pods_dir, meta)
         self.state = PodState(
             init_containers=[
                 Container(c, True, self.directory / c["name"])

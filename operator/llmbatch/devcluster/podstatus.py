@@ -124,3 +124,44 @@ class StatusPublisher:
             return
         if not await self.write(self.namespace, self.name, {"status": self.render()}):
             self.gone = True
+
+
+LOST_REASON = "NodeAgentRestarted"
+
+
+def lost_pod_status(pod: JSON) -> JSON:
+    """The status of a pod whose processes died with an earlier node agent: ``Failed``, every
+    container terminated with 137 ``ContainerStatusUnknown`` (what a kubelet reports for a
+    container it cannot find)."""
+    now = now_rfc3339()
+    message = "The container could not be located when the node agent restarted"
+    statuses = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "imageID": "",
+            "ready": False,
+            "started": False,
+            "restartCount": 0,
+            "state": {
+                "terminated": {
+                    "exitCode": 137,
+                    "reason": "ContainerStatusUnknown",
+                    "message": message,
+                    "finishedAt": now,
+                }
+            },
+        }
+        for c in pod["spec"].get("containers") or []
+    ]
+    not_ready = {"status": "False", "reason": "PodFailed", "lastTransitionTime": now}
+    return {
+        "phase": "Failed",
+        "reason": LOST_REASON,
+        "message": "The pod's processes ended with the node agent that ran them",
+        "conditions": [
+            {"type": "Ready", **not_ready},
+            {"type": "ContainersReady", **not_ready},
+        ],
+        "containerStatuses": statuses,
+    }

@@ -127,9 +127,11 @@ def is_running(pid: object, started: object) -> bool:
     return now is not None and (started is None or now == started)
 
 
-def marked_processes(marker: str, run: str | None = None) -> list[int]:
+def marked_processes(
+    marker: str, run: str | None = None, *, hostname: str | None = None
+) -> list[int]:
     """PIDs of live (non-zombie) processes whose environment has ``MARKER_ENV=marker`` (and
-    ``RUN_ENV=run`` when given)."""
+    ``RUN_ENV=run``, ``HOSTNAME=hostname`` — a pod's processes — when given)."""
     me = os.getpid()
     found: list[int] = []
     for entry in _proc_entries():
@@ -137,14 +139,21 @@ def marked_processes(marker: str, run: str | None = None) -> list[int]:
         if pid == me or _is_zombie(entry):
             continue
         env = _environ(entry)
-        if env.get(MARKER_ENV) == marker and (run is None or env.get(RUN_ENV) == run):
+        if (
+            env.get(MARKER_ENV) == marker
+            and (run is None or env.get(RUN_ENV) == run)
+            and (hostname is None or env.get("HOSTNAME") == hostname)
+        ):
             found.append(pid)
     return sorted(found)
 
 
-def kill_marked(marker: str, sig: int = signal.SIGKILL, run: str | None = None) -> list[int]:
-    """Kill every process carrying the marker (of one run); returns the PIDs signalled."""
-    pids = marked_processes(marker, run)
+def kill_marked(
+    marker: str, sig: int = signal.SIGKILL, run: str | None = None, *, hostname: str | None = None
+) -> list[int]:
+    """Kill every process carrying the marker (of one run, of one pod); returns the PIDs
+    signalled."""
+    pids = marked_processes(marker, run, hostname=hostname)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)

@@ -2,16 +2,16 @@
 extra component processes (operator, gateway, … as ComponentSpecs).
 
 Run as ``python -m llmbatch.devcluster supervise DIR`` (``llmbatch dev up`` and the test fixtures
-do that); it reads ``DIR/config.json`` and reports in ``DIR/status.json``. A component or the node
-agent that dies is restarted with a back-off; the control plane is not (its etcd is wiped at
-every start, so a restarted one would be an empty cluster with new certificates): when it dies
-the whole cluster stops.
+do that); it reads ``DIR/config.json`` and reports in ``DIR/status.json``. The node agent is a
+component of its own (``python -m llmbatch.devcluster agent DIR``). A component, the node agent
+or the control plane that dies is restarted with a back-off while the rest keeps running;
+the control plane restarts with ``--keep-state`` (the same etcd data, certificates and port), so
+its clients reconnect as to a restarted API server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -31,7 +31,7 @@ from llmbatch.devcluster.config import (
     read_status,
     write_status,
 )
-from llmbatch.devcluster.controlplane import ControlPlane
+from llmbatch.devcluster.controlplane import ControlPlane, ControlPlaneError
 from llmbatch.devcluster.processgroup import unreaped_pids
 from llmbatch.devcluster.procs import (
     MARKER_ENV,
@@ -50,7 +50,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["STATUS_FILE", "Supervisor", "supervise"]
 
-NODE_AGENT = "node-agent"  # its name in status.json's restarts
+NODE_AGENT = "node-agent"  # its name in status.json's components and restarts
+AGENT_STOP_GRACE = 30.0  # its pods get SIGTERM, 5 s, SIGKILL
+CONTROL_PLANE = "controlplane"
 STARTUP_WAIT_SECONDS = 60.0
 ORPHAN_REAP_SECONDS = 2.0
 WATCHDOG_STOP_SECONDS = 5.0
@@ -70,13 +72,12 @@ class Supervisor:
             marker=self.marker,
         )
         self.components: list[Component] = []
-        self.agent_restarts = 0
+        self.controlplane_restarts = 0
         self.state = "starting"
         self._extra: dict[str, Any] = {}
         self._stop = asyncio.Event()
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._api: client.ApiClient | None = None
-        self._agent: asyncio.Task[None] | None = None
         self.started = time.time()
 
     # -- status.json -----------------------------------------------------------------------
@@ -99,7 +100,7 @@ class Supervisor:
             controlplane_pid=self.controlplane.pid,
             nodes=[n.name for n in self.cfg.nodes],
             components={c.name: c.pid for c in self.components},
-            restarts={NODE_AGENT: self.agent_restarts}
+            restarts={CONTROL_PLANE: self.controlplane_restarts}
             | {c.name: c.restarts for c in self.components},
             started=self.started,
             **self._extra,
@@ -150,7 +151,7 @@ class Supervisor:
         """Control plane, node agent (Ready nodes), the default service account, components."""
         began = time.monotonic()
         self._api = api = await self._start_controlplane()
-        self._agent = asyncio.create_task(self._keep_agent(api), name="node agent")
+        await self._start_agent()
         await self._wait_nodes_ready(api, STARTUP_WAIT_SECONDS)
         await self._wait_default_serviceaccount(api, STARTUP_WAIT_SECONDS)
         await self._start_components()
@@ -185,46 +186,90 @@ class Supervisor:
         self._status("starting")
         return await api_client(self.cfg.kubeconfig)
 
-    async def _start_components(self) -> None:
+    def _component(self, spec: ComponentSpec) -> Component:
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.cfg.kubeconfig)
         env[MARKER_ENV] = self.marker
-        for spec in self.cfg.components:
-            component = Component(
-                spec,
-                env=env,
-                template=self._template,
-                logs=self.state_dir / "logs",
-                backoff=self.backoff,
-                changed=self._status,
+        component = Component(
+            spec,
+            env=env,
+            template=self._template,
+            logs=self.state_dir / "logs",
+            backoff=self.backoff,
+            changed=self._status,
+        )
+        self.components.append(component)
+        return component
+
+    async def _start_agent(self) -> None:
+        """The node agent: a process of its own, restarted like the components (it registers
+        the nodes; the cluster is ready once they are)."""
+        agent = self._component(
+            ComponentSpec(
+                name=NODE_AGENT,
+                command=["{python}", "-m", "llmbatch.devcluster", "agent", "{state_dir}"],
+                stop_grace=AGENT_STOP_GRACE,
             )
-            self.components.append(component)
+        )
+        await agent.start()
+        agent.keep_running()
+
+    async def _start_components(self) -> None:
+        started = []
+        for spec in self.cfg.components:
+            component = self._component(spec)
+            started.append(component)
             await component.start()
-        for component in self.components:
+        for component in started:
             component.keep_running()
 
     async def _serve(self) -> int:
-        """Until SIGTERM (0) or the control plane's death (1)."""
+        """Until SIGTERM (0), restarting the control plane whenever it dies."""
+        keeper = asyncio.create_task(self._keep_controlplane(), name="control plane")
         stop = asyncio.create_task(self._stop.wait())
-        controlplane = asyncio.create_task(self._wait_controlplane())
-        done, _ = await asyncio.wait({stop, controlplane}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({stop, keeper}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
-        controlplane.cancel()
-        if stop in done:
-            return 0
-        error = f"the control plane exited with {self.controlplane.returncode}"
-        log.error("%s; shutting the dev cluster down (`llmbatch dev up` starts a new one)", error)
-        self._status(error=error)
-        return 1
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        if keeper in done:
+            keeper.result()  # raises what ended it
+        return 0
+
+    async def _keep_controlplane(self) -> None:
+        """Restart a dead control plane after a back-off, continuing the same cluster (its etcd
+        data, certificates and port), like a static-pod API server restarted by its kubelet."""
+        loop = asyncio.get_running_loop()
+        delay: float | None = None
+        while True:
+            await self._wait_controlplane()
+            ran = time.monotonic() - self.controlplane.launched_at
+            delay = self.backoff.next(delay, ran)
+            self.controlplane_restarts += 1
+            log.error(
+                "the control plane exited with %s after %.1fs; restart %d in %gs",
+                self.controlplane.returncode,
+                ran,
+                self.controlplane_restarts,
+                delay,
+            )
+            self._status()
+            await asyncio.sleep(delay)
+            self.controlplane.launch(keep_state=True)
+            self._status()
+            try:
+                await loop.run_in_executor(
+                    None, self.controlplane.wait_ready, self.cfg.start_timeout
+                )
+            except ControlPlaneError as err:
+                log.error("the restarted control plane failed: %s", err)
+                continue
+            log.info("control plane restarted in %.1fs", self.controlplane.ready_seconds or 0)
+            self._status()
 
     async def _shutdown(self) -> None:
         self._status("stopping")
         for component in reversed(self.components):
             await component.stop()
-        if self._agent is not None:
-            self._agent.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._agent
         if self._api is not None:
             await self._api.close()
         await asyncio.get_running_loop().run_in_executor(None, self.controlplane.stop)
@@ -232,34 +277,6 @@ class Supervisor:
         reap_children()
 
     # -- the node agent --------------------------------------------------------------------
-
-    async def _keep_agent(self, api: client.ApiClient) -> None:
-        """Run the node agent; restart it after a back-off when it fails."""
-        from llmbatch.devcluster.nodeagent import NodeAgent
-
-        pki = self.state_dir / "controlplane" / "pki"
-        cert = (pki / "kubelet.crt", pki / "kubelet.key")
-        delay: float | None = None
-        while True:
-            agent = NodeAgent(
-                api,
-                self.cfg.nodes,
-                self.state_dir,
-                marker=self.marker,
-                extra_env={**self.cfg.pod_env, RUN_ENV: self.run_id},
-                kubelet_cert=cert if cert[0].is_file() else None,
-            )
-            began = time.monotonic()
-            try:
-                await agent.run()
-            except Exception:
-                log.exception("the node agent failed")
-            ran = time.monotonic() - began
-            delay = self.backoff.next(delay, ran)
-            self.agent_restarts += 1
-            log.error("node agent restart %d in %gs", self.agent_restarts, delay)
-            self._status()
-            await asyncio.sleep(delay)
 
     async def _wait_nodes_ready(self, api: client.ApiClient, timeout: float) -> None:
         from kubernetes_asyncio import client

@@ -270,7 +270,12 @@ class WebhookDispatcher:
             done = rules.after_success(delivery, now)
         else:
             done = rules.after_failure(self.config.retry, delivery, attempt.error or "", now)
-        await self.io.record_attempt(namespace, delivery.webhook, done, attempt.ok, attempt.error)
+        try:  # the counters are for people: never lose the delivery's record over them
+            await self.io.record_attempt(
+                namespace, delivery.webhook, done, attempt.ok, attempt.error
+            )
+        except Exception:
+            log.warning("BatchWebhook %s/%s: status not updated", namespace, delivery.webhook)
         return done, self._attempt_events(deliveries, done, attempt)
 
     async def _attempt(
