@@ -1,5 +1,6 @@
-"""The whole stack: the official ``openai`` SDK → gateway → Batch objects → operator → shard Job
-→ executor pod running the real vLLM CPU engine on SmolLM2 → output file back through the SDK.
+"""The whole stack: the official ``openai`` SDK → gateway → Batch objects → operator → warm slot
+running the real vLLM CPU engine on SmolLM2 → output file back through the SDK, and the signed
+webhook that says the batch ended, verified by the SDK.
 
 Nothing is simulated: the control plane, node agent, operator, gateway and executor are the
 real processes, sharing a filesystem store as they would share a bucket in a cluster.
@@ -17,12 +18,23 @@ from typing import Any
 import openai
 import pytest
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
+from openai.types.webhooks import BatchCompletedWebhookEvent
 
 from llmbatch.commands.devstack import demo_pool
 from llmbatch.executor.models import MODELS, cache_dir
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.fixtures.gateway import GatewayProcess, wait_for_key
 from tests.fixtures.operator import ClusterCLI, OperatorProcess
+from tests.integration.test_operator import wait_for
+from tests.integration.test_webhooks import (
+    SECRET,
+    SETTINGS,
+    Receiver,
+    operator_settings,
+    receiver,  # noqa: F401  (the local webhook receiver fixture)
+    register,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SEED_TICKETS = {
@@ -36,7 +48,7 @@ def stack(
     cluster: ClusterCLI,
     operator_process: OperatorProcess,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[GatewayProcess, str]]:
+) -> Iterator[tuple[GatewayProcess, str, str]]:
     """A gateway sharing the operator's store, a SmolLM2 vLLM pool and a tenant with a key."""
     model = MODELS["smollm2"]
     if not model.is_prepared():
@@ -68,7 +80,7 @@ def stack(
     gateway.start()
     wait_for_key(gateway.base_url, key, accepted=True)
     try:
-        yield gateway, key
+        yield gateway, key, namespace
     finally:
         gateway.stop()
         gateway.kubectl(
@@ -78,12 +90,12 @@ def stack(
 
 
 def test_seed_000_through_the_sdk(
-    stack: tuple[GatewayProcess, str],
+    stack: tuple[GatewayProcess, str, str],
     cluster: ClusterCLI,
     operator_process: OperatorProcess,
     tmp_path: pathlib.Path,
 ) -> None:
-    gateway, key = stack
+    gateway, key, _ = stack
     client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=key, max_retries=0)
     rows = [
         {
@@ -160,3 +172,67 @@ def test_seed_000_through_the_sdk(
 
     printed = cluster.kubectl("get", "batches", "-A")
     assert "completed" in printed
+
+
+def test_responses_batch_and_its_signed_webhook_through_the_sdk(
+    stack: tuple[GatewayProcess, str, str],
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    receiver: Receiver,  # noqa: F811  (the fixture imported above)
+    tmp_path: pathlib.Path,
+) -> None:
+    """#16 item 5: the SDK creates a ``/v1/responses`` batch, a local receiver gets the signed
+    ``batch.completed`` event, ``client.webhooks.unwrap`` verifies it, and every output line
+    parses as the SDK's own ``Response``."""
+    gateway, key, namespace = stack
+    register(cluster, tmp_path, namespace, receiver.url("/hooks/batches"))
+    client = openai.OpenAI(
+        base_url=gateway.base_url + "/v1", api_key=key, webhook_secret=SECRET, max_retries=0
+    )
+    rows = [
+        {
+            "custom_id": f"resp-{i}",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {"model": "smollm2", "input": prompt, "max_output_tokens": 24},
+        }
+        for i, prompt in enumerate(["Say hello.", "Name a colour."])
+    ]
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    with operator_settings(operator_process, SETTINGS):  # loopback receivers allowed
+        uploaded = client.files.create(file=("responses.jsonl", data), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/responses", completion_window="24h"
+        )
+        assert batch.endpoint == "/v1/responses"
+
+        def signed_event() -> Any:
+            got = receiver.on("/hooks/batches")
+            return got[0] if got else None
+
+        received = wait_for(signed_event, 600, "the batch.completed webhook", operator_process.logs)
+    event = client.webhooks.unwrap(received.body, received.headers)
+    assert isinstance(event, BatchCompletedWebhookEvent)
+    assert event.data.id == batch.id
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        openai.OpenAI(api_key="x", webhook_secret=SECRET[:-4] + "AAA=").webhooks.unwrap(
+            received.body, received.headers
+        )
+    done = client.batches.retrieve(event.data.id)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 0)
+    assert done.output_file_id
+    lines = [json.loads(raw) for raw in client.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == ["resp-0", "resp-1"]
+    output_tokens = 0
+    for line in lines:
+        assert line["error"] is None
+        assert line["response"]["status_code"] == 200
+        response = Response.model_validate(line["response"]["body"])
+        assert response.model == "smollm2"
+        assert response.output_text
+        assert response.usage is not None
+        output_tokens += response.usage.output_tokens
+    assert done.usage is not None
+    assert done.usage.output_tokens == output_tokens  # billed once, from the final output
