@@ -18,13 +18,14 @@ def models() -> None:
 @models.command("list")
 def list_models() -> None:
     """Show each known model, its endpoints and whether it is prepared."""
+    width = max(len(",".join(known.endpoints)) for known in MODELS.values())
     for known in MODELS.values():
         try:
             where = str(known.folder())
         except ModelNotAvailable as exc:
             where = f"({exc})"
         state = "ready" if known.is_prepared() else "not prepared"
-        click.echo(f"{known.name:8} {state:13} {','.join(known.endpoints):38} {where}")
+        click.echo(f"{known.name:8} {state:13} {','.join(known.endpoints):{width}} {where}")
 
 
 @models.command("prepare")

@@ -63,7 +63,8 @@ def echo_answers(*paths: Path) -> None:
 
 
 def summarise_answer(line: dict[str, Any]) -> str:
-    """One line for a result: the error, the first choice's text, or the embeddings' shape."""
+    """One line for a result: the error, the first choice's (or the response's) text, or the
+    embeddings' shape."""
     body = (line.get("response") or {}).get("body") or {}
     if "error" in body:
         return f"ERROR {line['response']['status_code']}: {body['error'].get('message')}"
@@ -74,6 +75,15 @@ def summarise_answer(line: dict[str, Any]) -> str:
             (first.get("message") or {}).get("content") if "message" in first else first.get("text")
         )
         return str(text).strip()
+    if body.get("object") == "response":  # /v1/responses: the message items' output text
+        texts = [
+            part.get("text", "")
+            for item in body.get("output") or []
+            if item.get("type") == "message"
+            for part in item.get("content") or []
+            if part.get("type") == "output_text"
+        ]
+        return "".join(texts).strip()
     data = body.get("data") or []
     if data:
         return f"{len(data)} embedding(s) of {len(data[0].get('embedding', []))} dims"
