@@ -248,39 +248,6 @@ def final_charge(
     return money(token_cost(input_tokens, output_tokens, pricing))
 
 
-def observe_run(
-    run_seconds: int,
-    running_since: int | None,
-    *,
-    started: int | None,
-    finished_at: int | None,
-    active: bool,
-    now: int,
-) -> tuple[int, int | None]:
-    """Fold one look at a shard's Job into its billed run time: ``(run_seconds, running_since)``.
-
-    ``started`` is the Job's start (reset by Kubernetes on every resume), ``finished_at`` its end
-    when it just finished, ``active`` whether it is unsuspended and unfinished. A run that stops
-    without finishing (suspended by preemption, deleted by a cancel) is closed at ``now``. Pure
-    and idempotent for a given input: the caller stores the result on the shard status.
-    """
-    if finished_at is not None:
-        begin = running_since if running_since is not None else started
-        if begin is not None:
-            run_seconds += max(0, finished_at - begin)
-        return run_seconds, None
-    if active and started is not None:
-        if running_since is None:
-            return run_seconds, started
-        if started > running_since:
-            # a suspension and a resume both fell between two looks: close the earlier run
-            return run_seconds + (started - running_since), started
-        return run_seconds, running_since
-    if not active and running_since is not None:
-        return run_seconds + max(0, now - running_since), None
-    return run_seconds, running_since
-
-
 # --- the account ledger ------------------------------------------------------------------------
 
 

@@ -38,10 +38,3 @@ def batch_id_from_name(name: str) -> str:
     if not name.startswith("batch-"):
         raise ValueError(f"not a batch object name: {name!r}")
     return "batch_" + name.removeprefix("batch-")
-
-
-def shard_job_name(batch_uid: str, shard_index: int, rerun: int = 0) -> str:
-    """Deterministic Job name of one shard's run (≤ 63 characters, DNS-1123); a re-run of the
-    shard (``rerun`` > 0) gets its own name so it never adopts the finished Job."""
-    suffix = f"-r{rerun}" if rerun else ""
-    return f"llmb-{_digest('job', batch_uid)[:20]}-{shard_index:05d}{suffix}"

@@ -210,7 +210,7 @@ class Finalization(PhaseDeps):
                 if progress is not None:
                     shard.run_seconds = max(shard.run_seconds, math.ceil(progress.busy_seconds))
             step.set(shards=status.shards)
-            used, cost = gpu_time_charge(status, pool, charges.gpu_hour_price, now)
+            used, cost = gpu_time_charge(status, pool, charges.gpu_hour_price)
             step.set(cost=cost, billing=charges.model_copy(update={"gpu_seconds": used}))
         elif pricing is not None:
             step.set(

@@ -12,27 +12,16 @@ from llmbatch.api.resources import BatchPoolSpec, BatchStatus
 from llmbatch.core import billing
 
 
-def gpu_seconds(status: BatchStatus, gpus: int, now: float) -> int:
-    """GPU-seconds of a batch's shards; runs still open (stopped by a cancel) end ``now``."""
-    total = 0
-    for shard in status.shards or []:
-        run, _ = billing.observe_run(
-            shard.run_seconds,
-            shard.running_since,
-            started=None,
-            finished_at=None,
-            active=False,
-            now=int(now),
-        )
-        total += run
-    return total * gpus
+def gpu_seconds(status: BatchStatus, gpus: int) -> int:
+    """GPU-seconds of a batch: its shards' busy shares (``run_seconds``) times GPUs per slot."""
+    return sum(shard.run_seconds for shard in status.shards or []) * gpus
 
 
 def gpu_time_charge(
-    status: BatchStatus, pool: BatchPoolSpec | None, gpu_hour_price: str | None, now: float
+    status: BatchStatus, pool: BatchPoolSpec | None, gpu_hour_price: str | None
 ) -> tuple[int, str]:
-    """(GPU-seconds used, their cost) of a batch on a GPUTime pool, runs still open ending now."""
-    used = gpu_seconds(status, gpus_per_slot(status, pool), now)
+    """(GPU-seconds used, their cost) of a batch on a GPUTime pool."""
+    used = gpu_seconds(status, gpus_per_slot(status, pool))
     charge = billing.final_charge(
         "GPUTime",
         pricing=None,

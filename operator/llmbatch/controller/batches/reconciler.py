@@ -188,5 +188,5 @@ class BatchReconciler:
         charge = "0"
         if charges.mode == "GPUTime":
             pool = await self.pool(batch.status.pool)
-            _, charge = gpu_time_charge(batch.status, pool, charges.gpu_hour_price, self.clock())
+            _, charge = gpu_time_charge(batch.status, pool, charges.gpu_hour_price)
         await self.credits.settle(batch.namespace, batch.name, charge)
