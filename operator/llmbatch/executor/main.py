@@ -160,17 +160,6 @@ async def _execute(spec: ShardSpec) -> ExitCode:
     finally:
         await close_engine(engine)
     runner = runners[0] if runners else None
-    if runner is not None:
-        s = runner.stats
-        log.info(
-            "shard %s %s: completed=%d failed=%d skipped=%d output_tokens=%d",
-            spec.shard_index,
-            outcome.value,
-            s.completed,
-            s.failed,
-            s.skipped,
-            s.output_tokens,
-        )
     return exit_code(outcome, runner.message if runner is not None else None)
 
 

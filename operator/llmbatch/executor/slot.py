@@ -179,10 +179,25 @@ _STATE: dict[Outcome, ShardState] = {
 }
 
 
-async def _run_in_context(runner: ShardRunner) -> Outcome:
+async def _run_in_context(runner: ShardRunner, generation: int) -> Outcome:
     """Run a shard with its batch and shard index on every log record of the run."""
-    logs.bind_context(batch_id=runner.spec.batch_id, shard=runner.spec.shard_index)
-    return await runner.run()
+    spec = runner.spec
+    logs.bind_context(batch_id=spec.batch_id, shard=spec.shard_index)
+    log.info(
+        "shard %s of %s started (lease generation %d)", spec.shard_index, spec.batch_id, generation
+    )
+    outcome = await runner.run()
+    s = runner.stats
+    log.info(
+        "shard %s %s: completed=%d failed=%d skipped=%d output_tokens=%d",
+        spec.shard_index,
+        outcome.value,
+        s.completed,
+        s.failed,
+        s.skipped,
+        s.output_tokens,
+    )
+    return outcome
 
 
 @dataclass
@@ -314,18 +329,11 @@ class Slot:
         self.runners.append(runner)
         if self.on_runner is not None:
             self.on_runner(runner)
-        task = asyncio.ensure_future(_run_in_context(runner))
+        task = asyncio.ensure_future(_run_in_context(runner, assignment.generation))
         task.add_done_callback(lambda _: self._wake.set())
         run = _Run(assignment, runner, task, ledger_key)
         self._running[key] = run
         self.reports[key] = self._report(key, run, "running")
-        log.info(
-            "slot %s: shard %s of %s started (generation %d)",
-            self.settings.name,
-            spec.shard_index,
-            spec.batch_id,
-            assignment.generation,
-        )
 
     def _reap(self) -> None:
         """Collect ended shard runs; a crashed run re-raises (the process ends UNEXPECTED)."""
