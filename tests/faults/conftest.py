@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from llmbatch.storage import open_store
 from tests.faults.toxiproxy import Toxiproxy, running_toxiproxy
 from tests.fixtures.cluster import kubectl
 from tests.fixtures.gateway import GatewayProcess, wait_for_key
@@ -59,6 +60,16 @@ class FaultStack:
         )
         with urllib.request.urlopen(request, timeout=10) as resp:
             return int(json.loads(resp.read())["injected"])
+
+    def assignments_of(self, uid: str) -> list[str]:
+        """Assignment objects of the batch still in a slot channel of the pool (the store read
+        directly, not through Toxiproxy)."""
+        store = open_store(self.s3.uri(self.bucket))
+        return [
+            info.key
+            for info in store.list(f"slots/{POOL}/")
+            if "/assignments/" in info.key and info.key.rsplit("/", 1)[1].startswith(uid)
+        ]
 
     def clear(self) -> None:
         self.toxiproxy.reset()

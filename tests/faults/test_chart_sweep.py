@@ -24,7 +24,7 @@ from llmbatch.devcluster import ClusterConfig, gpu_nodes
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.faults.conftest import MODEL
 from tests.faults.crashsweep import ITERATIONS, SweepFigures, sweep_iteration
-from tests.faults.test_sweep import _pids_of_batch
+from tests.faults.test_sweep import _pids_of_slots
 from tests.fixtures.chart import CHART, RELEASE, RELEASE_NAMESPACE
 from tests.fixtures.cluster import pids_with_environ, start_cluster
 from tests.fixtures.gateway import wait_for_key
@@ -32,6 +32,8 @@ from tests.fixtures.operator import simulated_pool
 from tests.integration.test_chart_install import WORKERS, Install
 
 VICTIMS = ("operator", "gateway", "executor", "apiserver", "node-agent")
+SLOT_POOL = "crash-chart"
+"""The sweep's pool: its slots run the batches (the executor victim is their processes)."""
 TENANT = "team-crash"
 FIGURES = SweepFigures("chart")
 
@@ -54,6 +56,7 @@ class ChartStack:
     name: str = "chart"
     tenant: str = TENANT
     victims: tuple[str, ...] = VICTIMS
+    pool: str = SLOT_POOL
 
     @property
     def base_url(self) -> str:
@@ -75,7 +78,7 @@ class ChartStack:
 
     def _pids(self, victim: str, batch_uid: str) -> list[int]:
         if victim == "executor":
-            return _pids_of_batch(batch_uid)
+            return _pids_of_slots(SLOT_POOL)  # the slots running the batch (and maybe others)
         if victim in ("operator", "gateway"):
             with contextlib.suppress(Exception):  # the API server may be restarting
                 for pod in self._ready_pods(victim):
@@ -146,7 +149,7 @@ def chart_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartStack
             "--create-namespace", "-f", str(release.values), "--wait", "--timeout", "240s",
         )  # fmt: skip
         pool = simulated_pool(
-            "crash-chart",
+            SLOT_POOL,
             MODEL,
             worker_namespace=WORKERS,
             shardRequests=5,

@@ -29,13 +29,15 @@ from llmbatch.commands import devstack
 from llmbatch.devcluster import DevCluster
 from tests.faults.conftest import MODEL
 from tests.faults.crashsweep import ITERATIONS, SweepFigures, sweep_iteration
-from tests.faults.test_sweep import _pids_of_batch
+from tests.faults.test_sweep import _pids_of_slots
 from tests.fixtures.cluster import kubectl, require_binaries, track_cluster
 from tests.fixtures.gateway import free_port, wait_for_key
 from tests.fixtures.operator import simulated_pool
 
 REPO = Path(__file__).resolve().parents[2]
 VICTIMS = ("operator", "gateway", "executor", "apiserver", "node-agent")
+SLOT_POOL = "crash-sim"
+"""The sweep's pool: its slots run the batches (the executor victim is their processes)."""
 FIGURES = SweepFigures("devstack")
 
 
@@ -57,6 +59,7 @@ class DevStack:
     name: str = "devstack"
     tenant: str = devstack.DEMO_TENANT
     victims: tuple[str, ...] = VICTIMS
+    pool: str = SLOT_POOL
 
     @property
     def base_url(self) -> str:
@@ -67,7 +70,7 @@ class DevStack:
 
     def _pids(self, victim: str, batch_uid: str) -> list[int]:
         if victim == "executor":
-            return _pids_of_batch(batch_uid)
+            return _pids_of_slots(SLOT_POOL)  # the slots running the batch (and maybe others)
         status = self.cluster.status()
         pid = status.get("controlplane_pid") if victim == "apiserver" else None
         pid = pid or (status.get("components") or {}).get(victim)
@@ -145,7 +148,7 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"http://127.0.0.1:{ports.gateway}/v1" in up.stdout, up.stdout
         pool = simulated_pool(
-            "crash-sim",
+            SLOT_POOL,
             MODEL,
             worker_namespace=devstack.WORKER_NAMESPACE,
             shardRequests=5,

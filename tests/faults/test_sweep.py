@@ -26,7 +26,6 @@ import openai
 import orjson
 import pytest
 
-from llmbatch.storage import open_store
 from tests.faults.conftest import MAX_SLOTS, MODEL, POOL, FaultStack
 from tests.faults.invariants import TERMINAL, check_batch, lines
 from tests.fixtures.cluster import pids_with_environ
@@ -106,9 +105,10 @@ def tcp_fault(rng: random.Random) -> Fault:
     )
 
 
-def _pids_of_slots() -> list[int]:
-    """The executor processes of the pool's slot pods (the node agent runs pods as processes)."""
-    return pids_with_environ(b"LLMBATCH_SLOT=" + POOL.encode() + b"-slot-")
+def _pids_of_slots(pool: str = POOL) -> list[int]:
+    """The executor processes of the pool's slot pods (the node agent runs pods as processes):
+    with warm slots a batch's shards run there, next to other batches' shards."""
+    return pids_with_environ(b"LLMBATCH_SLOT=" + pool.encode() + b"-slot-")
 
 
 def crash_fault(rng: random.Random, uid_of: Callable[[], str | None]) -> Fault:
@@ -204,18 +204,16 @@ def _pick(rng: random.Random, uid_of: Callable[[], str | None]) -> Fault:
     return crash_fault(rng, uid_of)
 
 
-def _leftovers(stack: FaultStack, uid: str) -> list[str]:
-    """Work of the batch still placed on a slot some seconds after it ended, or more slot Jobs
-    than the pool allows (slots themselves stay warm between batches by design)."""
-    store = open_store(stack.s3.uri(stack.bucket))
+def _leftovers(stack: Any, uid: str) -> list[str]:
+    """What the batch left behind some seconds after it ended: work still placed on a slot
+    (where the stack can read its store), or more slot Jobs than the pool allows (slots
+    themselves stay warm between batches by design)."""
+    pool = getattr(stack, "pool", POOL)
     deadline = time.monotonic() + 30
     while True:
-        left = [
-            info.key
-            for info in store.list(f"slots/{POOL}/")
-            if "/assignments/" in info.key and info.key.rsplit("/", 1)[1].startswith(uid)
-        ]
-        slots = stack.get_json("jobs", "-n", "llmbatch-workers", "-l", f"llmbatch.io/pool={POOL}")
+        assignments_of = getattr(stack, "assignments_of", None)
+        left = list(assignments_of(uid)) if assignments_of is not None else []
+        slots = stack.get_json("jobs", "-n", "llmbatch-workers", "-l", f"llmbatch.io/pool={pool}")
         active = [j for j in slots["items"] if not (j.get("status") or {}).get("conditions")]
         if len(active) > MAX_SLOTS:
             left.append(f"{len(active)} slot Jobs > maxSlots {MAX_SLOTS}")
