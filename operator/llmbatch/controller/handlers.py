@@ -118,9 +118,22 @@ def _active(status: kopf.Status, namespace: str | None, **_: Any) -> bool:
     return _served(namespace) and status.get("status") not in TERMINAL
 
 
-@kopf.timer(GROUP, VERSION, "batches", interval=INTERVAL, initial_delay=INTERVAL, when=_active)
+#: A timer run that failed (the API server restarting, the store down) is retried after this
+#: many seconds instead of kopf's default 60.
+RETRY_BACKOFF = 5.0
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    "batches",
+    interval=INTERVAL,
+    initial_delay=INTERVAL,
+    when=_active,
+    backoff=RETRY_BACKOFF,
+)
 async def batch_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Level-based: compare status, Jobs and store, and take the next step."""
+    """Level-based: compare status, slots and store, and take the next step."""
     await _reconcile(body, patch, memo)
 
 
@@ -165,7 +178,7 @@ async def webhook_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         dispatcher.notice_webhook(body)
 
 
-@kopf.timer(GROUP, VERSION, "batchpools", interval=INTERVAL, initial_delay=0)
+@kopf.timer(GROUP, VERSION, "batchpools", interval=INTERVAL, initial_delay=0, backoff=RETRY_BACKOFF)
 async def pool_timer(
     name: str,
     body: kopf.Body,
