@@ -34,26 +34,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench_operator import kubectl  # type: ignore[import-not-found]  # (run as a script)
 from llmbatch.api.slot import SlotHeartbeat
 from llmbatch.commands.devstack import demo_pool
-from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes, kubectl_binary
+from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes
 from llmbatch.devcluster.controlplane import repo_root
 from llmbatch.executor.models import MODELS, cache_dir
 
 POOL = "bench-slots"
 NAMESPACE = "bench"
-
-
-def kubectl(kubeconfig: pathlib.Path, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [str(kubectl_binary()), f"--kubeconfig={kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    return result.stdout
 
 
 @dataclass

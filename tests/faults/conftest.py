@@ -76,6 +76,19 @@ class FaultStack:
         self.store_faults(None)
 
 
+def sweep_pool(name: str, worker_namespace: str) -> dict[str, Any]:
+    """The pool every sweep runs its batches on: the simulated engine, small shards, at most
+    :data:`MAX_SLOTS` slots, retries enough to outlive the faults."""
+    return simulated_pool(
+        name,
+        MODEL,
+        worker_namespace=worker_namespace,
+        shardRequests=5,
+        maxSlots=MAX_SLOTS,
+        executor={"engineArgs": ["--latency-seconds=0.05"], "backoffLimit": 6},
+    )
+
+
 def _tenant(kubeconfig: pathlib.Path, gateway_namespace: str) -> tuple[str, str]:
     from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 
@@ -124,13 +137,7 @@ def fault_stack(
             "metadata": {"name": "llmbatch"},
         }
         kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(peering))
-        pool = simulated_pool(
-            POOL,
-            MODEL,
-            shardRequests=5,
-            maxSlots=MAX_SLOTS,
-            executor={"engineArgs": ["--latency-seconds=0.05"], "backoffLimit": 6},
-        )
+        pool = sweep_pool(POOL, WORKER_NAMESPACE)
         kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(pool))
         operator_logs = logs / "operator"
         operator_logs.mkdir()

@@ -16,6 +16,7 @@ import os
 import random
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +37,15 @@ VICTIM_WAIT = 15.0
 """How long a kill waits for its victim to exist (an executor pod between two shards)."""
 HEAL_TIMEOUT = 120.0
 ONLY_VICTIMS = [v for v in os.environ.get("LLMBATCH_CRASH_VICTIMS", "").split(",") if v]
+
+
+def http_ok(url: str) -> bool:
+    """Whether ``url`` answers below 400 within 3 s (a restarted part serves again)."""
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return bool(resp.status < 400)
+    except OSError:
+        return False
 
 
 class CrashStack(Protocol):

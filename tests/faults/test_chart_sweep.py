@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,13 +21,12 @@ import yaml
 
 from llmbatch.devcluster import ClusterConfig, gpu_nodes
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
-from tests.faults.conftest import MODEL
-from tests.faults.crashsweep import ITERATIONS, SweepFigures, sweep_iteration
+from tests.faults.conftest import sweep_pool
+from tests.faults.crashsweep import ITERATIONS, SweepFigures, http_ok, sweep_iteration
 from tests.faults.test_sweep import _pids_of_slots
 from tests.fixtures.chart import CHART, RELEASE, RELEASE_NAMESPACE
 from tests.fixtures.cluster import pids_with_environ, start_cluster
 from tests.fixtures.gateway import wait_for_key
-from tests.fixtures.operator import simulated_pool
 from tests.integration.test_chart_install import WORKERS, Install
 
 VICTIMS = ("operator", "gateway", "executor", "apiserver", "node-agent")
@@ -36,14 +34,6 @@ SLOT_POOL = "crash-chart"
 """The sweep's pool: its slots run the batches (the executor victim is their processes)."""
 TENANT = "team-crash"
 FIGURES = SweepFigures("chart")
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as resp:
-            return bool(resp.status < 400)
-    except OSError:
-        return False
 
 
 @dataclass
@@ -109,7 +99,7 @@ class ChartStack:
                     problems.append(f"no ready {component} pod")
         except Exception as err:
             problems.append(f"the API server does not answer: {err}")
-        if not _http_ok(f"{self.base_url}/healthz"):
+        if not http_ok(f"{self.base_url}/healthz"):
             problems.append("the gateway does not answer /healthz")
         return problems
 
@@ -148,14 +138,7 @@ def chart_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartStack
             "install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
             "--create-namespace", "-f", str(release.values), "--wait", "--timeout", "240s",
         )  # fmt: skip
-        pool = simulated_pool(
-            SLOT_POOL,
-            MODEL,
-            worker_namespace=WORKERS,
-            shardRequests=5,
-            maxSlots=3,
-            executor={"engineArgs": ["--latency-seconds=0.05"], "backoffLimit": 6},
-        )
+        pool = sweep_pool(SLOT_POOL, WORKERS)
         release.apply(pool)
         port = int(yaml.safe_load(release.values.read_text())["gateway"]["port"])
         stack = ChartStack(release, port, _tenant(release))

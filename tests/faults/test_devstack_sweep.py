@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,26 +26,17 @@ import pytest
 
 from llmbatch.commands import devstack
 from llmbatch.devcluster import DevCluster
-from tests.faults.conftest import MODEL
-from tests.faults.crashsweep import ITERATIONS, SweepFigures, sweep_iteration
+from tests.faults.conftest import sweep_pool
+from tests.faults.crashsweep import ITERATIONS, SweepFigures, http_ok, sweep_iteration
 from tests.faults.test_sweep import _pids_of_slots
 from tests.fixtures.cluster import kubectl, require_binaries, track_cluster
 from tests.fixtures.gateway import free_port, wait_for_key
-from tests.fixtures.operator import simulated_pool
 
 REPO = Path(__file__).resolve().parents[2]
 VICTIMS = ("operator", "gateway", "executor", "apiserver", "node-agent")
 SLOT_POOL = "crash-sim"
 """The sweep's pool: its slots run the batches (the executor victim is their processes)."""
 FIGURES = SweepFigures("devstack")
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as resp:
-            return bool(resp.status < 400)
-    except OSError:
-        return False
 
 
 @dataclass
@@ -97,9 +87,9 @@ class DevStack:
             ready = ""
         if ready.strip() != "ok":
             problems.append("the API server is not ready")
-        if not _http_ok(f"{self.base_url}/healthz"):
+        if not http_ok(f"{self.base_url}/healthz"):
             problems.append("the gateway does not answer /healthz")
-        if not _http_ok(f"http://127.0.0.1:{self.ports.operator_health}/healthz"):
+        if not http_ok(f"http://127.0.0.1:{self.ports.operator_health}/healthz"):
             problems.append("the operator does not answer /healthz")
         return problems
 
@@ -147,14 +137,7 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
         up = _dev(state_dir, env, "up", "--nodes", "1", "--gpus", "4", "--timeout", "240")
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"http://127.0.0.1:{ports.gateway}/v1" in up.stdout, up.stdout
-        pool = simulated_pool(
-            SLOT_POOL,
-            MODEL,
-            worker_namespace=devstack.WORKER_NAMESPACE,
-            shardRequests=5,
-            maxSlots=3,
-            executor={"engineArgs": ["--latency-seconds=0.05"], "backoffLimit": 6},
-        )
+        pool = sweep_pool(SLOT_POOL, devstack.WORKER_NAMESPACE)
         kubectl(cluster.kubeconfig, "apply", "-f", "-", input=json.dumps(pool))
         stack = DevStack(cluster, ports, _demo_key(state_dir))
         wait_for_key(stack.base_url, stack.key, accepted=True, timeout=60)
