@@ -144,14 +144,20 @@ def test_autoscaler_rises_with_backlog_and_falls_when_drained(
     wait_for(lambda: desired() == 3, 60, "desired slots at max", operator_process.logs)
     wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=300)
     wait_for(lambda: desired() == 0, 60, "desired slots back at min", operator_process.logs)
-    pods = cluster.kubectl(
-        "get",
-        "pods",
-        "-n",
-        WORKER_NAMESPACE,
-        "-l",
-        f"llmbatch.io/pool={pool}",
-        "--no-headers",
-        check=False,
-    )
-    assert "Running" not in pods
+
+    def slot_pods_running() -> bool:
+        pods = cluster.kubectl(
+            "get",
+            "pods",
+            "-n",
+            WORKER_NAMESPACE,
+            "-l",
+            f"llmbatch.io/pool={pool}",
+            "--no-headers",
+            check=False,
+        )
+        return "Running" in pods
+
+    # Scale-down drains the idle slots: each sees its drain request at its next poll, exits 0,
+    # and its pod ends (asynchronous: a slot may still be loading when the drain is asked).
+    wait_for(lambda: not slot_pods_running(), 90, "the idle slots drained", operator_process.logs)
