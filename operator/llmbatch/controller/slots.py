@@ -388,9 +388,12 @@ class SlotScheduler:
         takes no new shard and exits; busy slots finish their work."""
         open_slots = [s for s in slots if s.open]
         idle = sorted((s for s in open_slots if s.name not in busy), key=lambda s: s.name)
+        # Never an idle slot of a model whose shards wait: it gets one next round (draining it
+        # would start another slot, and load the model again, for the same work).
+        idle = [s for s in idle if s.model not in waiting]
         surplus = idle[: max(0, len(open_slots) - desired)]
         if waiting:  # a slot serves one model: an idle one of another model is in the way
-            surplus += [s for s in idle if s.model not in waiting and s not in surplus]
+            surplus += [s for s in idle if s not in surplus]
         for slot in surplus:
             if slot.heartbeat is None and not slot.assignments:
                 # Never started (its pod waits for a node): nothing to drain, just remove it.
