@@ -13,7 +13,6 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,14 +20,10 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+from tests.fixtures.ports import free_port
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = ROOT / ".cache" / "bin" / "toxiproxy-server"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Toxiproxy:

@@ -14,7 +14,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +42,7 @@ from tests.fixtures.chart import (
 )
 from tests.fixtures.cluster import kubectl, pids_with_environ, start_cluster
 from tests.fixtures.operator import simulated_pool
+from tests.fixtures.ports import free_port
 
 WORKERS = "llmbatch-workers"
 TENANT = "team-chart"
@@ -50,12 +50,6 @@ POOL = "chart-pool"
 MODEL = "sim-chart"
 OPERATOR_SA = "llmbatch-operator"
 GATEWAY_SA = "llmbatch-gateway"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Install:
@@ -73,12 +67,12 @@ class Install:
                     "image": {"registry": "registry.example.com/llmbatch"},
                     "store": {"uri": f"file://{self.store_root}"},
                     "operator": {
-                        "metricsPort": _free_port(),
-                        "healthPort": _free_port(),
+                        "metricsPort": free_port(),
+                        "healthPort": free_port(),
                         "reconcileIntervalSeconds": 1,
                         "progressIntervalSeconds": 1,
                     },
-                    "gateway": {"port": _free_port(), "metricsPort": _free_port()},
+                    "gateway": {"port": free_port(), "metricsPort": free_port()},
                 }
             )
         )

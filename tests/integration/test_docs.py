@@ -28,7 +28,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ import yaml
 from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes
 from tests.fixtures.chart import CHART, helm, helm_binary
 from tests.fixtures.cluster import kubectl, start_cluster
+from tests.fixtures.ports import free_port
 from tests.fixtures.s3server import S3Server
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -170,12 +170,6 @@ def test_printer_columns_in_the_guide_match_the_crds() -> None:
 # --- install.md on a real control plane ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _controllers() -> str:
     """The dev cluster's controllers plus the persistent-volume binder: the test plays the storage
     provisioner (a pre-made PersistentVolume), so the guide's model-cache claim binds."""
@@ -279,13 +273,13 @@ def test_install_guide_runs_as_written(
         f"s3://{BUCKET}/prod?endpoint_url={s3_server.endpoint_url}"
         f"&region={s3_server.region}&path_style=true"
     )
-    local = _free_port()
+    local = free_port()
     ports = tmp_path / "test-ports.yaml"
     ports.write_text(
         yaml.safe_dump(
             {
-                "operator": {"metricsPort": _free_port(), "healthPort": _free_port()},
-                "gateway": {"port": _free_port(), "metricsPort": _free_port()},
+                "operator": {"metricsPort": free_port(), "healthPort": free_port()},
+                "gateway": {"port": free_port(), "metricsPort": free_port()},
             }
         )
     )

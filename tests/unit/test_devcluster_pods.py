@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from llmbatch.devcluster.containers import TERMINATION_MESSAGE_ENV, Container
 from llmbatch.devcluster.podcontext import ContainerConfigError
 from llmbatch.devcluster.podenv import PodEnvironment
 from llmbatch.devcluster.pods import PodContext, PodRunner
+from tests.fixtures.ports import free_port
 
 JSON = dict[str, Any]
 
@@ -61,12 +61,6 @@ def pod(containers: list[JSON], **spec: Any) -> JSON:
         "metadata": {"name": "p", "namespace": "ns", "uid": "0123456789abcdef"},
         "spec": {"restartPolicy": "Never", "containers": containers, **spec},
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def unreaped_child(pid: int) -> bool:
