@@ -90,7 +90,8 @@ class PoolScheduler:
         now = self.clock()
         result = PoolRound()
         throughput = float(Decimal(status.get("throughputPerSlot") or pool.throughput_per_slot))
-        backlog = _backlog(await self.kube.list_custom("batches"), name)
+        batches = await self.kube.list_custom("batches")  # one listing serves the whole round
+        backlog = _backlog(batches, name)
         previous, scaled = _scale(pool, backlog, throughput, status, now)
         if scaled.desired != previous.desired:
             result.events.append(
@@ -100,7 +101,7 @@ class PoolScheduler:
                     f"Desired slots {previous.desired} → {scaled.desired} (backlog {backlog})",
                 )
             )
-        placed = await self.slots.round(name, pool, uid, scaled.desired, now)
+        placed = await self.slots.round(name, pool, uid, batches, scaled.desired, now)
         result.events += placed.events
         for seconds in placed.run_seconds:
             metrics.SHARD_RUN_SECONDS.labels(name).observe(seconds)

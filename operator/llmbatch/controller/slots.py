@@ -52,6 +52,40 @@ ANNOTATION_MODEL = "llmbatch.io/model"
 API_GROUP_VERSION = "llmbatch.io/v1alpha1"
 
 
+def _work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
+    """Every unfinished shard of the pool's running batches (the queue and the placed)."""
+    found: dict[str, Work] = {}
+    for batch in batches:
+        status = batch.get("status") or {}
+        if status.get("pool") != pool_name or status.get("status") != "in_progress":
+            continue
+        meta, spec = batch["metadata"], batch.get("spec") or {}
+        uid, namespace = meta["uid"], meta["namespace"]
+        tier = tiers.tier_of(spec.get("priority"), spec.get("metadata"))
+        for shard in status.get("shards") or []:
+            if shard.get("phase") in ("Succeeded", "Failed"):
+                continue
+            index = int(shard["index"])
+            prefix = keys.shard_prefix(namespace, uid, index)
+            queued = QueuedShard(
+                batch=f"{namespace}/{meta['name']}",
+                tier=tier,
+                created_at=float(status.get("createdAt") or 0),
+                shard_index=index,
+                requests=int(shard.get("requestCount") or 0),
+                model=str(status.get("model") or ""),
+            )
+            key = work_key(uid, index)
+            found[key] = Work(
+                queued=queued,
+                key=key,
+                spec_key=keys.shard_spec_key(namespace, uid, index),
+                lease_key=keys.shard_lease_key(prefix),
+                since=float(status.get("inProgressAt") or 0),
+            )
+    return found
+
+
 class SlotScheduler:
     """Places shards on the warm slots of a pool, one round per call."""
 
@@ -70,12 +104,19 @@ class SlotScheduler:
         self._times: dict[str, tuple[float, float]] = {}
 
     async def round(
-        self, name: str, pool: BatchPoolSpec, pool_uid: str | None, desired: int, now: float
+        self,
+        name: str,
+        pool: BatchPoolSpec,
+        pool_uid: str | None,
+        batches: list[dict[str, Any]],
+        desired: int,
+        now: float,
     ) -> SlotRound:
+        """One round over the pool's slots; ``batches`` is this round's listing of Batches."""
         result = SlotRound()
         namespace = pool.worker_namespace
         jobs = await self.kube.list_jobs(namespace, f"{LABEL_POOL}={name},{LABEL_SLOT}")
-        work = await self._work(name)
+        work = _work(name, batches)
         slots = [
             await self._observe(name, job, now)
             for job in jobs
@@ -118,45 +159,10 @@ class SlotScheduler:
         waiting_models = {q.model for q in placement.waiting}
         await self._scale_down(namespace, live, busy, desired, waiting_models, result)
         result.warm = sum(1 for s in live if s.open) + len(placement.new_slots)
-        result.busy = sum(1 for v in views if v.load or v.name in assigned)
-        result.busy += len(placement.new_slots)
+        result.busy = len(busy) + len(placement.new_slots)
         return result
 
     # --- observing ---------------------------------------------------------------------------
-
-    async def _work(self, pool_name: str) -> dict[str, Work]:
-        """Every unfinished shard of the pool's running batches (the queue and the placed)."""
-        found: dict[str, Work] = {}
-        for batch in await self.kube.list_custom("batches"):
-            status = batch.get("status") or {}
-            if status.get("pool") != pool_name or status.get("status") != "in_progress":
-                continue
-            meta, spec = batch["metadata"], batch.get("spec") or {}
-            uid, namespace = meta["uid"], meta["namespace"]
-            tier = tiers.tier_of(spec.get("priority"), spec.get("metadata"))
-            for shard in status.get("shards") or []:
-                if shard.get("phase") in ("Succeeded", "Failed"):
-                    continue
-                index = int(shard["index"])
-                prefix = keys.shard_prefix(namespace, uid, index)
-                queued = QueuedShard(
-                    batch=f"{namespace}/{meta['name']}",
-                    tier=tier,
-                    created_at=float(status.get("createdAt") or 0),
-                    shard_index=index,
-                    requests=int(shard.get("requestCount") or 0),
-                    model=str(status.get("model") or ""),
-                )
-                key = work_key(uid, index)
-                found[key] = Work(
-                    queued=queued,
-                    key=key,
-                    spec_key=keys.shard_spec_key(namespace, uid, index),
-                    lease_key=keys.shard_lease_key(prefix),
-                    requests=queued.requests,
-                    since=float(status.get("inProgressAt") or 0),
-                )
-        return found
 
     async def _observe(self, pool_name: str, job: dict[str, Any], now: float) -> ObservedSlot:
         name = job["metadata"]["name"]
@@ -261,15 +267,15 @@ class SlotScheduler:
             if (
                 progress is not None
                 and progress.done
-                and (item is None or covered >= item.requests)
+                and (item is None or covered >= item.queued.requests)
             ):
                 await self._write(assignment, lease, state="done", reason=None, message=None)
                 if item is not None:
-                    result.learned.append((item.requests, progress.busy_seconds))
+                    result.learned.append((item.queued.requests, progress.busy_seconds))
                 result.run_seconds.append(max(0.0, self.clock() - lease.granted_at))
                 return
             metrics.SHARD_INCOMPLETE.inc()
-            missing = (item.requests if item else covered) - covered
+            missing = (item.queued.requests if item else covered) - covered
             state, message = (
                 "ShardIncomplete",
                 (

@@ -26,7 +26,6 @@ class Work:
     """Its assignment key (``<batch uid>-<shard index>``)."""
     spec_key: str
     lease_key: str
-    requests: int
     since: float
     """When its batch started to run (the wait for a first assignment counts from there)."""
 
