@@ -11,9 +11,11 @@ the line that replays it. ``LLMBATCH_CRASH_VICTIMS`` (comma-separated) narrows t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
+import signal
 import threading
 import time
 import urllib.request
@@ -46,6 +48,23 @@ def http_ok(url: str) -> bool:
             return bool(resp.status < 400)
     except OSError:
         return False
+
+
+def supervised_pid(status: dict[str, Any], victim: str) -> list[int]:
+    """The pid of a part the dev supervisor runs (``apiserver`` is its control plane)."""
+    pid = status.get("controlplane_pid") if victim == "apiserver" else None
+    pid = pid or (status.get("components") or {}).get(victim)
+    return [pid] if isinstance(pid, int) else []
+
+
+def kill_all(pids: list[int]) -> list[int]:
+    """SIGKILL each pid; the ones that were still there."""
+    killed = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
 
 
 class CrashStack(Protocol):

@@ -9,8 +9,6 @@ and checks the invariants once it has ended (``tests/faults/crashsweep.py``).
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +20,14 @@ import yaml
 from llmbatch.devcluster import ClusterConfig, gpu_nodes
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.faults.conftest import sweep_pool
-from tests.faults.crashsweep import ITERATIONS, SweepFigures, http_ok, sweep_iteration
+from tests.faults.crashsweep import (
+    ITERATIONS,
+    SweepFigures,
+    http_ok,
+    kill_all,
+    supervised_pid,
+    sweep_iteration,
+)
 from tests.faults.test_sweep import _pids_of_slots
 from tests.fixtures.chart import CHART, RELEASE, RELEASE_NAMESPACE
 from tests.fixtures.cluster import pids_with_environ, start_cluster
@@ -74,18 +79,10 @@ class ChartStack:
                 for pod in self._ready_pods(victim):
                     return pids_with_environ(b"HOSTNAME=" + pod.encode() + b"\0")
             return []
-        status = self.release.cluster.status()
-        pid = status.get("controlplane_pid") if victim == "apiserver" else None
-        pid = pid or (status.get("components") or {}).get(victim)
-        return [pid] if isinstance(pid, int) else []
+        return supervised_pid(self.release.cluster.status(), victim)
 
     def kill(self, victim: str, batch_uid: str) -> list[int]:
-        killed = []
-        for pid in self._pids(victim, batch_uid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        return killed
+        return kill_all(self._pids(victim, batch_uid))
 
     def healthy(self) -> list[str]:
         status = self.release.cluster.status()

@@ -11,10 +11,8 @@ run on a pool of the simulated engine applied with kubectl, as a user would add 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,7 +25,14 @@ import pytest
 from llmbatch.commands import devstack
 from llmbatch.devcluster import DevCluster
 from tests.faults.conftest import sweep_pool
-from tests.faults.crashsweep import ITERATIONS, SweepFigures, http_ok, sweep_iteration
+from tests.faults.crashsweep import (
+    ITERATIONS,
+    SweepFigures,
+    http_ok,
+    kill_all,
+    supervised_pid,
+    sweep_iteration,
+)
 from tests.faults.test_sweep import _pids_of_slots
 from tests.fixtures.cluster import kubectl, require_binaries, track_cluster
 from tests.fixtures.gateway import free_port, wait_for_key
@@ -61,18 +66,10 @@ class DevStack:
     def _pids(self, victim: str, batch_uid: str) -> list[int]:
         if victim == "executor":
             return _pids_of_slots(SLOT_POOL)  # the slots running the batch (and maybe others)
-        status = self.cluster.status()
-        pid = status.get("controlplane_pid") if victim == "apiserver" else None
-        pid = pid or (status.get("components") or {}).get(victim)
-        return [pid] if isinstance(pid, int) else []
+        return supervised_pid(self.cluster.status(), victim)
 
     def kill(self, victim: str, batch_uid: str) -> list[int]:
-        killed = []
-        for pid in self._pids(victim, batch_uid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        return killed
+        return kill_all(self._pids(victim, batch_uid))
 
     def healthy(self) -> list[str]:
         status = self.cluster.status()
