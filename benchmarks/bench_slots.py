@@ -9,7 +9,11 @@ Each mode gets a fresh local cluster, an operator and a one-slot pool; then:
    request in the engine ÷ slot lifetime (from the slots' heartbeats: start of the process to its
    last heartbeat, engine load included), taken when the last batch of the stream completed.
 2. **first result** — once the stream is done (the warm slot is idle with its model loaded; the
-   cold mode has no slot left), a 2-request batch: create → first output line committed.
+   cold mode has no slot left), ``--first-samples`` 2-request batches one after another:
+   create → first output line committed, median.
+3. **expedited** — a ``--expedited``-request expedited batch alone, then the same while a
+   ``--big``-request standard batch runs on the only slot: create → completed of the expedited
+   batch, busy over alone; the standard batch must still complete every request.
 
 Warm mode is the pool's defaults (``idleSeconds: 300``, ``slotConcurrency`` from max_num_seqs);
 the cold mode is the degenerate case of the same code, ``idleSeconds: 0`` and
@@ -17,6 +21,9 @@ the cold mode is the degenerate case of the same code, ``idleSeconds: 0`` and
 
     .venv/bin/python benchmarks/bench_slots.py                      # real SmolLM2 on CPU vLLM
     .venv/bin/python benchmarks/bench_slots.py --engine simulated   # control plane only
+
+With the simulated engine ``--max-running`` sets how many requests its engine answers at once
+(the rest queue in priority order, as vLLM's scheduler does).
 
 Run it on an idle machine: it measures wall time.
 """
@@ -27,6 +34,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,9 +72,13 @@ class Run:
     pod_starts: set[str] = field(default_factory=set)
     stream_seconds: float = 0.0
     completed: int = 0
-    first_result: float | None = None
+    first_results: list[float] = field(default_factory=list)
     stream_busy: float = 0.0
     """The busy fraction when the stream's last batch completed."""
+    expedited_alone: float | None = None
+    expedited_busy: float | None = None
+    expedited_ok: bool = False
+    big_completed: int = 0
 
     @property
     def busy_fraction(self) -> float:
@@ -74,7 +86,7 @@ class Run:
         return sum(s.busy for s in self.slots.values()) / life if life else 0.0
 
 
-def pool_manifest(engine: str, mode: str) -> dict[str, Any]:
+def pool_manifest(engine: str, mode: str, max_running: int) -> dict[str, Any]:
     if engine == "vllm":
         model = MODELS["smollm2"]
         if not model.is_prepared():
@@ -85,7 +97,11 @@ def pool_manifest(engine: str, mode: str) -> dict[str, Any]:
         pool["spec"]["models"] = [{"name": "smollm2", "source": "simulated"}]
         pool["spec"]["executor"] = {
             "engine": "simulated",
-            "engineArgs": ["--latency-seconds=0.2", "--max-num-seqs=64"],
+            "engineArgs": [
+                "--latency-seconds=0.2",
+                "--max-num-seqs=64",
+                f"--max-running={max_running}",
+            ],
             "flushSeconds": 1,
         }
     pool["metadata"]["name"] = POOL
@@ -97,7 +113,7 @@ def pool_manifest(engine: str, mode: str) -> dict[str, Any]:
     return pool
 
 
-def batch_manifest(name: str, requests: int) -> dict[str, Any]:
+def batch_manifest(name: str, requests: int, priority: str = "standard") -> dict[str, Any]:
     rows = [
         {
             "customID": f"r{j}",
@@ -114,41 +130,26 @@ def batch_manifest(name: str, requests: int) -> dict[str, Any]:
         "apiVersion": "llmbatch.io/v1alpha1",
         "kind": "Batch",
         "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"endpoint": "/v1/chat/completions", "requests": rows},
+        "spec": {"endpoint": "/v1/chat/completions", "requests": rows, "priority": priority},
     }
 
 
-def observe(kc: pathlib.Path, store: pathlib.Path, run: Run) -> dict[str, dict[str, Any]]:
-    """Record slot Jobs, slot pods and heartbeats; the batches' statuses by name."""
-    jobs = json.loads(kubectl(kc, "get", "jobs", "-n", "llmbatch-workers", "-o", "json"))
-    run.slot_jobs |= {j["metadata"]["name"] for j in jobs["items"]}
-    pods = json.loads(kubectl(kc, "get", "pods", "-n", "llmbatch-workers", "-o", "json"))
-    run.pod_starts |= {p["metadata"]["uid"] for p in pods["items"]}
-    now = time.time()
-    for path in (store / "slots" / POOL).glob("*/heartbeat.json"):
-        try:
-            beat = SlotHeartbeat.model_validate_json(path.read_bytes())
-        except (OSError, ValueError):
-            continue
-        life = run.slots.setdefault(beat.slot, SlotLife(started_at=beat.started_at))
-        life.busy = max(life.busy, beat.busy_seconds)
-        life.last_seen = min(now, path.stat().st_mtime) if beat.state == "exited" else now
-    batches = json.loads(kubectl(kc, "get", "batches", "-n", NAMESPACE, "-o", "json"))
-    return {b["metadata"]["name"]: b.get("status") or {} for b in batches["items"]}
+class Stack:
+    """A fresh local cluster, an operator and the one-slot pool of one mode."""
 
-
-def run_mode(engine: str, mode: str, args: argparse.Namespace) -> Run:
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f"bench-slots-{mode}-"))
-    store = work / "store"
-    cluster = DevCluster.start(
-        ClusterConfig(state_dir=work / "cluster", nodes=gpu_nodes(1, gpus=1)), detach=False
-    )
-    operator: subprocess.Popen[bytes] | None = None
-    run = Run(mode)
-    try:
-        kc = cluster.kubeconfig
-        kubectl(kc, "apply", "-f", str(repo_root() / "crds"))
-        kubectl(kc, "wait", "--for=condition=Established", "crd/batches.llmbatch.io")
+    def __init__(self, engine: str, mode: str, args: argparse.Namespace) -> None:
+        self.work = pathlib.Path(tempfile.mkdtemp(prefix=f"bench-slots-{mode}-"))
+        self.store = self.work / "store"
+        self.run = Run(mode)
+        self.deadline = time.time() + args.timeout
+        self.cluster = DevCluster.start(
+            ClusterConfig(state_dir=self.work / "cluster", nodes=gpu_nodes(1, gpus=1)),
+            detach=False,
+        )
+        self.kc = self.cluster.kubeconfig
+        self.operator: subprocess.Popen[bytes] | None = None
+        kubectl(self.kc, "apply", "-f", str(repo_root() / "crds"))
+        kubectl(self.kc, "wait", "--for=condition=Established", "crd/batches.llmbatch.io")
         objects: list[dict[str, Any]] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
             for n in ("llmbatch-workers", NAMESPACE)
@@ -160,36 +161,82 @@ def run_mode(engine: str, mode: str, args: argparse.Namespace) -> Run:
                 "metadata": {"name": "llmbatch"},
             }
         )
-        objects.append(pool_manifest(engine, mode))
-        kubectl(kc, "apply", "-f", "-", stdin="\n".join(json.dumps(o) for o in objects))
+        objects.append(pool_manifest(engine, mode, args.max_running))
+        kubectl(self.kc, "apply", "-f", "-", stdin="\n".join(json.dumps(o) for o in objects))
         env = {
             **os.environ,
-            "KUBECONFIG": str(kc),
-            "LLMBATCH_STORE_URI": f"file://{store}",
+            "KUBECONFIG": str(self.kc),
+            "LLMBATCH_STORE_URI": f"file://{self.store}",
             "LLMBATCH_METRICS_PORT": "0",
             "LLMBATCH_RECONCILE_INTERVAL": "1",
             "LLMBATCH_PROGRESS_INTERVAL": "1",
             "LLMBATCH_SLOT_HEARTBEAT_SECONDS": "1",
         }
-        operator = subprocess.Popen(
+        self.operator = subprocess.Popen(
             [sys.executable, "-m", "llmbatch", "operator", "--liveness-port", "0"],
             env=env,
-            stdout=(work / "operator.log").open("wb"),
+            stdout=(self.work / "operator.log").open("wb"),
             stderr=subprocess.STDOUT,
         )
         time.sleep(3)
+
+    def close(self) -> None:
+        if self.operator is not None:
+            self.operator.terminate()
+            self.operator.wait(timeout=30)
+        self.cluster.stop()
+
+    def create(self, name: str, requests: int, priority: str = "standard") -> float:
+        kubectl(
+            self.kc, "create", "-f", "-", stdin=json.dumps(batch_manifest(name, requests, priority))
+        )
+        return time.time()
+
+    def observe(self) -> dict[str, dict[str, Any]]:
+        """Record slot Jobs, slot pods and heartbeats; the batches' statuses by name."""
+        run = self.run
+        jobs = json.loads(kubectl(self.kc, "get", "jobs", "-n", "llmbatch-workers", "-o", "json"))
+        run.slot_jobs |= {j["metadata"]["name"] for j in jobs["items"]}
+        pods = json.loads(kubectl(self.kc, "get", "pods", "-n", "llmbatch-workers", "-o", "json"))
+        run.pod_starts |= {p["metadata"]["uid"] for p in pods["items"]}
+        now = time.time()
+        for path in (self.store / "slots" / POOL).glob("*/heartbeat.json"):
+            try:
+                beat = SlotHeartbeat.model_validate_json(path.read_bytes())
+            except (OSError, ValueError):
+                continue
+            life = run.slots.setdefault(beat.slot, SlotLife(started_at=beat.started_at))
+            life.busy = max(life.busy, beat.busy_seconds)
+            life.last_seen = min(now, path.stat().st_mtime) if beat.state == "exited" else now
+        batches = json.loads(kubectl(self.kc, "get", "batches", "-n", NAMESPACE, "-o", "json"))
+        return {b["metadata"]["name"]: b.get("status") or {} for b in batches["items"]}
+
+    def wait(
+        self, name: str, *, completed: int | None = None, poll: float = 0.25
+    ) -> dict[str, Any]:
+        """The batch's status once it is terminal (or has ``completed`` results)."""
+        while time.time() < self.deadline:
+            status = self.observe().get(name, {})
+            done = (status.get("requestCounts") or {}).get("completed", 0)
+            if completed is not None and done >= completed:
+                return status
+            if status.get("status") in ("completed", "failed", "expired", "cancelled"):
+                return status
+            time.sleep(poll)
+        raise SystemExit(f"{self.run.mode}: {name} did not finish before --timeout")
+
+    def stream(self, args: argparse.Namespace) -> None:
+        """Phase 1: batches arriving spread over ``--over`` seconds, until all completed."""
+        run = self.run
         names = [f"batch-stream{i:05d}" for i in range(args.batches)]
         gap = args.over / max(1, args.batches - 1)
         started = time.time()
         submitted = 0
-        deadline = started + args.timeout
-        statuses: dict[str, dict[str, Any]] = {}
-        while time.time() < deadline:
+        while time.time() < self.deadline:
             while submitted < len(names) and time.time() >= started + submitted * gap:
-                manifest = batch_manifest(names[submitted], args.requests)
-                kubectl(kc, "create", "-f", "-", stdin=json.dumps(manifest))
+                self.create(names[submitted], args.requests)
                 submitted += 1
-            statuses = observe(kc, store, run)
+            statuses = self.observe()
             run.completed = sum(
                 1 for n in names if statuses.get(n, {}).get("status") == "completed"
             )
@@ -198,21 +245,93 @@ def run_mode(engine: str, mode: str, args: argparse.Namespace) -> Run:
             time.sleep(1)
         run.stream_seconds = time.time() - started
         run.stream_busy = run.busy_fraction
-        time.sleep(3)  # the warm slot sits idle with its model loaded
-        created = time.time()
-        kubectl(kc, "create", "-f", "-", stdin=json.dumps(batch_manifest("batch-first00000", 2)))
-        while time.time() < deadline:
-            status = observe(kc, store, run).get("batch-first00000", {})
-            if (status.get("requestCounts") or {}).get("completed", 0) >= 1:
-                run.first_result = time.time() - created
-                break
-            time.sleep(0.25)
+
+    def first_results(self, samples: int) -> None:
+        """Phase 2: create -> first committed result of 2-request batches, one after another."""
+        for i in range(samples):
+            time.sleep(3)  # the warm slot sits idle with its model loaded
+            name = f"batch-first{i:05d}"
+            created = self.create(name, 2)
+            self.wait(name, completed=1)
+            self.run.first_results.append(time.time() - created)
+            self.wait(name)
+
+    def expedited(self, args: argparse.Namespace) -> None:
+        """Phase 3: an expedited batch alone, then while a big standard batch runs."""
+        run = self.run
+        created = self.create("batch-expalone", args.expedited, "expedited")
+        self.wait("batch-expalone")
+        run.expedited_alone = time.time() - created
+        self.create("batch-big00000", args.big)
+        self.wait("batch-big00000", completed=1)  # it runs on the slot
+        created = self.create("batch-expbusy", args.expedited, "expedited")
+        busy = self.wait("batch-expbusy")
+        run.expedited_busy = time.time() - created
+        run.expedited_ok = (busy.get("requestCounts") or {}).get("completed") == args.expedited
+        big = self.wait("batch-big00000")
+        run.big_completed = (big.get("requestCounts") or {}).get("completed", 0)
+
+
+def run_mode(engine: str, mode: str, args: argparse.Namespace) -> Run:
+    stack = Stack(engine, mode, args)
+    try:
+        stack.stream(args)
+        stack.first_results(args.first_samples)
+        if args.expedited:
+            stack.expedited(args)
     finally:
-        if operator is not None:
-            operator.terminate()
-            operator.wait(timeout=30)
-        cluster.stop()
-    return run
+        stack.close()
+    return stack.run
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+def report(runs: list[Run], args: argparse.Namespace) -> None:
+    print(
+        f"{args.batches} batches x {args.requests} requests over {args.over:g} s, one slot, "
+        f"{args.engine} engine"
+    )
+    print(f"{'':40}" + "".join(f"{r.mode:>14}" for r in runs))
+    rows = [
+        ("batches completed", [f"{r.completed}/{args.batches}" for r in runs]),
+        ("engine starts (slot pods)", [str(len(r.pod_starts)) for r in runs]),
+        ("slot Jobs", [str(len(r.slot_jobs)) for r in runs]),
+        ("wall time, stream (s)", [f"{r.stream_seconds:.0f}" for r in runs]),
+        ("slot busy fraction, stream", [f"{r.stream_busy:.2f}" for r in runs]),
+        (
+            f"create -> first result, median of {args.first_samples} (s)",
+            [
+                _seconds(statistics.median(r.first_results) if r.first_results else None)
+                for r in runs
+            ],
+        ),
+    ]
+    if args.expedited:
+        rows += [
+            (f"expedited {args.expedited} alone (s)", [_seconds(r.expedited_alone) for r in runs]),
+            (f"  ... beside {args.big} standard (s)", [_seconds(r.expedited_busy) for r in runs]),
+            (
+                "  busy / alone",
+                [
+                    f"{r.expedited_busy / r.expedited_alone:.2f}"
+                    if r.expedited_busy and r.expedited_alone
+                    else "-"
+                    for r in runs
+                ],
+            ),
+            (
+                "  standard batch completed",
+                [f"{r.big_completed}/{args.big}" for r in runs],
+            ),
+        ]
+    for label, values in rows:
+        print(f"{label:40}" + "".join(f"{v:>14}" for v in values))
+    if len(runs) == 2 and runs[1].stream_seconds:
+        print(f"wall time warm / cold: {runs[0].stream_seconds / runs[1].stream_seconds:.2f}")
+    for r in runs:
+        print(f"{r.mode}: first results {[round(v, 1) for v in r.first_results]}")
 
 
 def main() -> None:
@@ -221,30 +340,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--over", type=float, default=60.0, help="seconds the arrivals span")
+    parser.add_argument("--first-samples", type=int, default=5)
+    parser.add_argument("--expedited", type=int, default=20, help="0: skip phase 3")
+    parser.add_argument("--big", type=int, default=400)
+    parser.add_argument("--max-running", type=int, default=64, help="simulated engine only")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per mode")
     parser.add_argument("--modes", default="warm,cold")
     args = parser.parse_args()
     runs = [run_mode(args.engine, mode, args) for mode in args.modes.split(",")]
-    print(
-        f"{args.batches} batches x {args.requests} requests over {args.over:g} s, one slot, "
-        f"{args.engine} engine"
-    )
-    print(f"{'':28}" + "".join(f"{r.mode:>14}" for r in runs))
-    rows = [
-        ("batches completed", [f"{r.completed}/{args.batches}" for r in runs]),
-        ("engine starts (slot pods)", [str(len(r.pod_starts)) for r in runs]),
-        ("slot Jobs", [str(len(r.slot_jobs)) for r in runs]),
-        ("wall time, stream (s)", [f"{r.stream_seconds:.0f}" for r in runs]),
-        ("slot busy fraction, stream", [f"{r.stream_busy:.2f}" for r in runs]),
-        (
-            "create -> first result (s)",
-            [f"{r.first_result:.1f}" if r.first_result is not None else "-" for r in runs],
-        ),
-    ]
-    for label, values in rows:
-        print(f"{label:28}" + "".join(f"{v:>14}" for v in values))
-    if len(runs) == 2 and runs[1].stream_seconds:
-        print(f"wall time warm / cold: {runs[0].stream_seconds / runs[1].stream_seconds:.2f}")
+    report(runs, args)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ Engine starts are the cost here (15 s import + 10-60 s start on 2 cores), so the
   a third run finishes the shard: exactly one line per custom_id, no finished result lost;
 * one executor subprocess hits vLLM's CPU seed + chunked-prefill bug: the engine core dies and the
   shard fails with exit 70 (``vllm run-batch`` would write a 500 for every row and exit 0);
-* one ``llmbatch run`` subprocess serves embeddings with MiniLM.
+* one ``llmbatch run`` subprocess serves embeddings with MiniLM;
+* one engine running one request at a time shows expedited requests overtaking queued standard
+  ones (priority scheduling).
 
 Every output line is parsed with the ``openai`` SDK's own models.
 """
@@ -37,6 +39,7 @@ from llmbatch.api.openai import BatchOutputLine
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
 from llmbatch.executor.engines import create_engine
+from llmbatch.executor.engines.base import EngineRequest
 from llmbatch.executor.engines.vllm import response_id
 from llmbatch.executor.exitcodes import ExitCode
 from llmbatch.executor.main import run_shards
@@ -418,3 +421,45 @@ def test_llmbatch_run_embeddings_with_minilm(
         body = openai.types.CreateEmbeddingResponse.model_validate(line["response"]["body"])
         assert all(len(item.embedding) == 384 for item in body.data)
         assert len(body.data) == (2 if line["custom_id"] == "e2" else 1)
+
+
+def test_expedited_requests_overtake_queued_standard_ones_in_the_engine(
+    smollm2_path: Path, vllm_env: dict[str, str]
+) -> None:
+    """The executor starts vLLM with priority scheduling and sends each request with its
+    shard's tier rank: on an engine running one request at a time, two expedited requests sent
+    after four standard ones are answered before the standard ones still queued."""
+    for key, value in vllm_env.items():
+        os.environ.setdefault(key, value)
+    spec = _spec(smollm2_path.parent, smollm2_path, "unused.jsonl", CHAT, 0)
+    engine = create_engine(
+        spec.engine.model_copy(update={"args": {"max_num_seqs": 1}}),
+        spec.model,
+        spec.served_names(),
+    )
+    done: list[str] = []
+
+    async def ask(cid: str, tier_rank: int) -> None:
+        # min_tokens / ignore_eos (vLLM extensions): every answer takes the same 24 steps
+        row = _chat(
+            cid, "Count to fifty.", max_completion_tokens=24, min_tokens=24, ignore_eos=True
+        )
+        result = await engine.handle(
+            EngineRequest(cid, CHAT, row["body"], request_id("b", cid), tier_rank)
+        )
+        assert result.ok, result.body
+        done.append(cid)
+
+    async def go() -> None:
+        await engine.start()
+        try:
+            standard = [asyncio.ensure_future(ask(f"s{i}", 1)) for i in range(4)]
+            await asyncio.sleep(0.5)  # s0 runs, s1..s3 wait in the engine's queue
+            expedited = [asyncio.ensure_future(ask(f"e{i}", 0)) for i in range(2)]
+            await asyncio.gather(*standard, *expedited)
+        finally:
+            await engine.close()
+
+    asyncio.run(go())
+    assert done[0] == "s0"
+    assert sorted(done[1:3]) == ["e0", "e1"], done

@@ -124,3 +124,53 @@ def test_responses_latency_counts_output_tokens() -> None:
         assert loop.time() - started >= 8 / 40
     finally:
         loop.close()
+
+
+def _order_of_completion(policy: str) -> list[str]:
+    """Four standard requests (priority 1), then two expedited (priority 0), on an engine whose
+    running batch holds one request: the order the answers come back in."""
+    engine = SimulatedEngine(
+        {"latency_seconds": 0.02, "max_running": 1, "scheduling_policy": policy}, ["m"]
+    )
+    done: list[str] = []
+
+    async def ask(cid: str, priority: int) -> None:
+        body = {"model": "m", "messages": [{"role": "user", "content": cid}]}
+        await engine.handle(EngineRequest(cid, "/v1/chat/completions", body, cid, priority))
+        done.append(cid)
+
+    async def go() -> None:
+        standard = [asyncio.ensure_future(ask(f"s{i}", 1)) for i in range(4)]
+        await asyncio.sleep(0)  # the standard requests are in the engine (one runs, three wait)
+        expedited = [asyncio.ensure_future(ask(f"e{i}", 0)) for i in range(2)]
+        await asyncio.gather(*standard, *expedited)
+
+    asyncio.run(go())
+    return done
+
+
+def test_queued_requests_run_in_priority_order_with_the_priority_policy() -> None:
+    assert _order_of_completion("priority") == ["s0", "e0", "e1", "s1", "s2", "s3"]
+    assert _order_of_completion("fcfs") == ["s0", "s1", "s2", "s3", "e0", "e1"]
+
+
+def test_a_cancelled_wait_gives_its_place_on() -> None:
+    engine = SimulatedEngine({"latency_seconds": 0.02, "max_running": 1}, ["m"])
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+
+    async def go() -> None:
+        first = asyncio.ensure_future(
+            engine.handle(EngineRequest("a", "/v1/completions", {"model": "m", "prompt": "x"}, "a"))
+        )
+        waiting = asyncio.ensure_future(
+            engine.handle(EngineRequest("b", "/v1/chat/completions", body, "b"))
+        )
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await first
+        # a new request is admitted, not stuck behind the cancelled wait
+        third = engine.handle(EngineRequest("c", "/v1/chat/completions", body, "c"))
+        assert (await asyncio.wait_for(third, 1)).ok
+        assert waiting.cancelled()
+
+    asyncio.run(go())

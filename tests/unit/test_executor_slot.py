@@ -304,3 +304,41 @@ def test_the_slot_process_runs_its_assignments_and_exits_idle(tmp_path: Path) ->
     assert beat.state == "exited"
     assert beat.shards[0].state == "done"
     assert not log.exists()
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_an_expedited_shard_overtakes_the_queued_requests_of_a_busy_slot(
+    tmp_path: Path, policy: str
+) -> None:
+    """A standard shard keeps 20 requests in an engine that runs 2 at once; an expedited shard
+    assigned then is answered before the 18 standard requests queued ahead of it (with the
+    priority policy the executor gives vLLM), and nothing is killed or lost."""
+    rig = Rig(tmp_path)
+    standard = rig.shard("s", 60, max_in_flight=20)
+    expedited = rig.shard("e", 4, tier="expedited")
+    overtaken: list[int] = []
+
+    async def go() -> None:
+        engine = await _started(
+            _engine(latency_seconds=0.1, max_running=2, scheduling_policy=policy)
+        )
+        slot = rig.slot(engine, concurrency=2)
+        rig.assign(standard)
+        task = asyncio.ensure_future(slot.run())
+        await _until(lambda: any(r.stats.in_flight == 20 for r in slot.runners))
+        running = slot.runners[0]
+        before = running.stats.completed
+        rig.assign(expedited, when=1.0)
+        await _until(lambda: len(slot.runners) == 2 and slot.runners[1].stats.completed == 4)
+        overtaken.append(running.stats.completed - before)
+        assert await asyncio.wait_for(task, 20) is Outcome.DONE
+
+    _run(go)
+    # standard requests answered while the expedited shard was assigned, admitted and answered:
+    # the two running ones (and a poll's worth) with priorities, the whole queue ahead without
+    if policy == "priority":
+        assert overtaken[0] <= 6
+    else:
+        assert overtaken[0] >= 16
+    assert sorted(rig.done_ids(standard)) == sorted(f"s-r{i}" for i in range(60))
+    assert sorted(rig.done_ids(expedited)) == sorted(f"e-r{i}" for i in range(4))

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmbatch.api.openai import Endpoint
+from llmbatch.api.resources import Tier
 
 EngineName = Literal["vllm", "simulated"]
 
@@ -53,6 +54,12 @@ class ShardSpec(BaseModel):
     batch_uid: str = Field(description="Batch uid: result-line ids derive from it.")
     shard_index: int = Field(default=0, ge=0)
     endpoint: Endpoint = Field(description="The endpoint every request of the shard calls.")
+    tier: Tier = Field(
+        default="standard",
+        description="The batch's scheduling tier. Its requests carry the tier's engine priority "
+        "(expedited ahead of standard ahead of flex), so on a slot shared by several shards an "
+        "expedited shard's requests overtake the queued requests of lower tiers.",
+    )
 
     store: str = Field(description="URI of the store results are written to (and read from).")
     input_store: str | None = Field(

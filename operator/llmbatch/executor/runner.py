@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from llmbatch.api.openai import BatchRequestLine
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
+from llmbatch.core.tiers import TIER_RANK
 from llmbatch.core.validation import normalize_endpoint
 from llmbatch.executor.engines.base import (
     Engine,
@@ -447,6 +448,7 @@ class ShardRunner:
             url=self.spec.endpoint,
             body=line.body,
             request_id=request_id(uid, line.custom_id),
+            priority=TIER_RANK[self.spec.tier],
         )
 
     def _bad(self, custom_id: str, message: str, param: str | None) -> ResultLine:

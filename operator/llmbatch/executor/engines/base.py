@@ -23,6 +23,8 @@ class EngineRequest:
     url: str
     body: dict[str, Any]
     request_id: str
+    priority: int = 0
+    """Engine scheduling priority, lower first (vLLM's convention): the shard's tier rank."""
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
+import itertools
 import random
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,6 +83,18 @@ class SimulatedArgs(BaseModel):
         default=None, ge=0, description="Requests after this many never get an answer."
     )
     created: int = Field(default=1_700_000_000, description="`created` of every answer.")
+    max_running: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests in the engine's running batch at once; the rest wait in its queue, "
+        "ordered as scheduling_policy says (as vLLM's scheduler does with max_num_seqs). "
+        "None: every request runs at once.",
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="priority",
+        description="Queue order when max_running is reached: arrival, or request priority "
+        "(lower first, then arrival) — the policy the executor gives vLLM.",
+    )
 
 
 def _digest(*parts: str) -> str:
@@ -111,6 +125,9 @@ class SimulatedEngine(Engine):
         self.answered = 0
         self._dead: str | None = None
         self._hang = asyncio.Event()
+        self._running = 0
+        self._queue: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
 
     @property
     def max_num_seqs(self) -> int:
@@ -158,11 +175,46 @@ class SimulatedEngine(Engine):
             if a.tokens_per_second:
                 seconds += token_usage(result.body).output_tokens / a.tokens_per_second
             if seconds:
-                await asyncio.sleep(seconds)
+                await self._admitted(request.priority)
+                try:
+                    await asyncio.sleep(seconds)
+                finally:
+                    self._leave()
         self.answered += 1
         if a.die_after is not None and self.answered >= a.die_after:
             self._dead = f"simulated engine death after {self.answered} requests"
         return result
+
+    async def _admitted(self, priority: int) -> None:
+        """Wait for a place in the running batch (``max_running``), queue order by policy."""
+        limit = self.args.max_running
+        if limit is None or (self._running < limit and not self._queue):
+            self._running += 1
+            return
+        key = priority if self.args.scheduling_policy == "priority" else 0
+        admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (key, next(self._arrivals), admitted)
+        heapq.heappush(self._queue, entry)
+        try:
+            await admitted
+        except asyncio.CancelledError:
+            if admitted.done() and not admitted.cancelled():
+                self._leave()  # admitted, then cancelled before it ran: give the place on
+            elif entry in self._queue:
+                self._queue.remove(entry)
+                heapq.heapify(self._queue)
+            raise
+
+    def _leave(self) -> None:
+        """A request left the running batch: admit the head of the queue (a wait cancelled a
+        moment ago may still be in it: skipped)."""
+        self._running -= 1
+        while self._queue:
+            _, _, waiting = heapq.heappop(self._queue)
+            if not waiting.done():
+                self._running += 1
+                waiting.set_result(None)
+                return
 
     def _generate(self, request: EngineRequest, model: str) -> EngineResult:
         a = self.args

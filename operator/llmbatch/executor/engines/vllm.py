@@ -65,6 +65,11 @@ CPU_ENGINE_DEFAULTS: dict[str, Any] = {
     "max_num_batched_tokens": 8192,
 }
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's own default when the spec does not say
+#: Engine args applied on every platform unless the spec sets them. Priority scheduling lets the
+#: requests of an expedited shard overtake the queued requests of standard and flex shards that
+#: share the engine (a warm slot runs several shards at once); with ``fcfs`` the engine refuses
+#: any request priority but 0, so the tier priority is then not sent.
+ENGINE_DEFAULTS: dict[str, Any] = {"scheduling_policy": "priority"}
 
 
 def _load(module: str, *names: str) -> Any:
@@ -121,7 +126,9 @@ class VllmEngine(Engine):
         self.model = model
         self.served_names = served_names
         self.cpu = is_cpu_platform()
-        self.args = {**CPU_ENGINE_DEFAULTS, **args} if self.cpu else dict(args)
+        defaults = {**ENGINE_DEFAULTS, **(CPU_ENGINE_DEFAULTS if self.cpu else {})}
+        self.args = {**defaults, **args}
+        self.priority_scheduling = self.args.get("scheduling_policy") == "priority"
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
         self._chat: Any = None
@@ -240,6 +247,10 @@ class VllmEngine(Engine):
 
     async def _call(self, request: EngineRequest) -> Any:
         body = dict(request.body)
+        if self.priority_scheduling:
+            # The tier decides, not the line: a line's own `priority` (a vLLM extension) would
+            # let one batch jump its tier.
+            body["priority"] = request.priority
         if request.url == "/v1/chat/completions":
             if self._chat is None:
                 return self._unsupported(request.url)
