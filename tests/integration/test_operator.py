@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 from openai.types.chat import ChatCompletion
 
@@ -548,6 +549,56 @@ def test_deleted_executor_pod_is_retried_without_duplicates(
     outputs = read_lines(operator_process, namespace, status["outputFileID"])
     assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(40))
     assert_accounted(status, outputs, [])
+
+
+def _slot_processes(pool: str) -> list[psutil.Process]:
+    """The executor processes of the pool's slots (pods run as local processes here)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "llmbatch.executor" in cmdline and f"slots/{pool}/" in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_a_hung_slot_loses_its_shards_to_another_and_nothing_is_lost(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """A slot process frozen mid-shard (SIGSTOP: no heartbeat, no progress, no exit) loses its
+    lease after LLMBATCH_SLOT_LEASE_SECONDS (10 s here): its Job is deleted, which ends the frozen
+    process, and the shard resumes on a new slot from its committed chunks."""
+    pool = make_pool(
+        cluster,
+        tmp_path,
+        max_slots=1,
+        shard_requests=40,
+        engine_args=["--latency-seconds=0.5", "--max-num-seqs=2"],
+    )
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(40))
+
+    def frozen_slot() -> list[psutil.Process] | None:
+        counts = (get_batch(cluster, namespace, name).get("status") or {}).get("requestCounts")
+        procs = _slot_processes(pool)
+        return procs if procs and (counts or {}).get("completed", 0) >= 5 else None
+
+    hung = wait_for(frozen_slot, 120, "a slot with results", operator_process.logs)
+    first_job = {j["metadata"]["name"] for j in pool_slots(cluster, pool)}
+    for proc in hung:
+        proc.suspend()
+    batch = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=240)
+    status = batch["status"]
+    outputs = read_lines(operator_process, namespace, status["outputFileID"])
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(40))
+    assert_accounted(status, outputs, [])
+    (shard,) = status["shards"]
+    assert shard["reruns"] == 1  # the lost slot counted one attempt
+    assert shard["job"] not in first_job  # finished on another slot
+    wait_for(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in hung),
+        60,
+        "the frozen slot process to be ended with its Job",
+        operator_process.logs,
+    )
 
 
 def test_metrics_have_no_per_batch_labels(operator_process: OperatorProcess) -> None:

@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 
+from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import ShardReport, SlotHeartbeat
 from llmbatch.core import keys
 from llmbatch.storage.shardresults import ResultLine, ShardResults, list_chunks
@@ -230,3 +231,24 @@ def test_pool_deleted_with_the_batch_in_flight(h: ReconcilerHarness) -> None:
     account = h.kube.get("creditaccounts", TENANT, "default")
     assert account is not None
     assert account["status"]["reserved"] == "0.000000"
+
+
+@pytest.mark.parametrize(
+    ("spec", "tier"),
+    [
+        ({}, "standard"),
+        ({"priority": "expedited"}, "expedited"),
+        ({"metadata": {"tier": "flex"}}, "flex"),
+    ],
+)
+def test_the_shard_specs_carry_the_batch_tier_to_the_engine(
+    h: ReconcilerHarness, spec: dict[str, object], tier: str
+) -> None:
+    """The tier reaches the slot with each shard: its requests get the tier's engine priority."""
+    submit(h, requests=3, **spec)
+    h.step_until(BATCH, "in_progress")
+    h.step(BATCH)  # writes the shard specs
+    uid = h.batch(BATCH)["metadata"]["uid"]
+    for index in range(len(h.status(BATCH)["shards"])):
+        raw = h.store.get(keys.shard_spec_key(TENANT, uid, index))
+        assert ShardSpec.model_validate_json(raw).tier == tier
