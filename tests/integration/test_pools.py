@@ -1,5 +1,6 @@
 """Pools on the real control plane: expedited ahead of standard, flex last, preemption, tiers,
-scale-down of warm slots.
+scale-down of warm slots, expedited requests overtaking inside a busy slot, pool edits rolling
+the slots.
 
 One-slot pools running one shard at a time (``--max-num-seqs=1``: slotConcurrency 1) and the
 simulated engine make the order observable: each batch is one shard, and a shard holds the only
@@ -8,16 +9,19 @@ slot for several seconds.
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
 import pytest
 
+from llmbatch.api.slot import SlotHeartbeat
 from tests.fixtures.operator import WORKER_NAMESPACE, OperatorProcess
 from tests.integration.test_operator import (
     _delete_pools,  # noqa: F401  (autouse: each test's pools are deleted)
     chat_requests,
     get_batch,
+    kubectl_json,
     make_batch,
     make_pool,
     read_lines,
@@ -161,3 +165,110 @@ def test_autoscaler_rises_with_backlog_and_falls_when_drained(
     # Scale-down drains the idle slots: each sees its drain request at its next poll, exits 0,
     # and its pod ends (asynchronous: a slot may still be loading when the drain is asked).
     wait_for(lambda: not slot_pods_running(), 90, "the idle slots drained", operator_process.logs)
+
+
+def _shard_counts(store_root: pathlib.Path, pool: str) -> dict[str, tuple[str, int]]:
+    """Each shard's state and results as the pool's slots report them in their heartbeats."""
+    counts: dict[str, tuple[str, int]] = {}
+    for path in (store_root / "slots" / pool).glob("*/heartbeat.json"):
+        try:
+            beat = SlotHeartbeat.model_validate_json(path.read_bytes())
+        except (OSError, ValueError):
+            continue  # being replaced
+        counts |= {r.key: (r.state, r.completed) for r in beat.shards}
+    return counts
+
+
+def test_an_expedited_batch_overtakes_inside_a_busy_slot(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """One slot, one engine answering 2 requests at a time, a standard shard keeping 32 in it:
+    an expedited batch placed beside it is answered ahead of the ~30 standard requests queued in
+    the engine (request priority per tier), and the standard batch loses nothing."""
+    pool = make_pool(
+        cluster,
+        tmp_path,
+        max_slots=1,
+        shard_requests=100,
+        engine_args=["--latency-seconds=0.5", "--max-num-seqs=16", "--max-running=2"],
+    )  # slotConcurrency 16 // 8 = 2: a seat for the expedited shard
+    standard = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(80))
+    store = operator_process.store_root
+
+    def standard_answering() -> bool:
+        return any(c >= 4 for _, c in _shard_counts(store, pool).values())
+
+    wait_for(standard_answering, 120, "the standard shard answering", operator_process.logs)
+    expedited = make_batch(
+        cluster, tmp_path, namespace, pool=pool, requests=chat_requests(4), priority="expedited"
+    )
+    standard_uid = get_batch(cluster, namespace, standard)["metadata"]["uid"]
+    expedited_uid = get_batch(cluster, namespace, expedited)["metadata"]["uid"]
+
+    def progress() -> tuple[int, tuple[str, int] | None]:
+        counts = _shard_counts(store, pool)
+        return counts.get(f"{standard_uid}-00000", ("", 0))[1], counts.get(f"{expedited_uid}-00000")
+
+    seen: dict[str, list[int]] = {"start": [], "end": []}
+
+    def expedited_finished() -> bool:
+        std, exp = progress()
+        if exp is not None and not seen["start"]:
+            seen["start"].append(std)
+        if exp is not None and exp[1] == 4:
+            seen["end"].append(std)
+            return True
+        return False
+
+    wait_for(expedited_finished, 120, "the expedited shard's results", operator_process.logs)
+    # standard requests answered between the expedited shard's start and its last result: the
+    # two running when it came (plus a heartbeat's worth), not the ~30 queued ahead of it
+    assert seen["end"][0] - seen["start"][0] <= 12, seen
+    for name, total in ((expedited, 4), (standard, 80)):
+        status = wait_status(cluster, operator_process, namespace, name, {"completed"})["status"]
+        outputs = read_lines(operator_process, namespace, status["outputFileID"])
+        assert sorted(o["custom_id"] for o in outputs) == sorted(f"req-{i}" for i in range(total))
+
+
+def test_editing_a_pool_rolls_its_slots_without_interrupting_them(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """`kubectl patch` of a pool's engine args while a slot runs a shard: the shard finishes on
+    its slot, which then drains and ends; a batch submitted after the edit runs on a new slot
+    of the new spec; every line exactly once."""
+    pool = make_pool(cluster, tmp_path, max_slots=2, shard_requests=40, engine_args=SLOW)
+    first = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(40))
+
+    def slot_jobs() -> dict[str, dict[str, Any]]:
+        jobs = kubectl_json(
+            cluster, "get", "jobs", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/pool={pool}"
+        )
+        return {j["metadata"]["name"]: j for j in jobs["items"]}
+
+    def first_answering() -> bool:
+        counts = (get_batch(cluster, namespace, first).get("status") or {}).get("requestCounts")
+        return bool(slot_jobs()) and (counts or {}).get("completed", 0) >= 2
+
+    wait_for(first_answering, 120, "the first batch answering", operator_process.logs)
+    (old,) = slot_jobs()
+    patch = {"spec": {"executor": {"engineArgs": ["--latency-seconds=0.4", "--max-num-seqs=1"]}}}
+    cluster.kubectl("patch", "batchpool", pool, "--type=merge", "-p", json.dumps(patch))
+    second = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(4))
+    for name, total in ((first, 40), (second, 4)):
+        status = wait_status(cluster, operator_process, namespace, name, {"completed"})["status"]
+        outputs = read_lines(operator_process, namespace, status["outputFileID"])
+        assert sorted(o["custom_id"] for o in outputs) == sorted(f"req-{i}" for i in range(total))
+        assert status["shards"][0]["reruns"] == 0  # nothing was interrupted
+        if name == first:
+            assert status["shards"][0]["job"] == old  # finished where it started
+        else:
+            assert status["shards"][0]["job"] != old  # a slot of the new spec
+
+    def old_slot_ended() -> bool:
+        job = slot_jobs().get(old)
+        return job is None or any(
+            c["type"] == "Complete" and c["status"] == "True"
+            for c in (job.get("status") or {}).get("conditions") or []
+        )
+
+    wait_for(old_slot_ended, 60, "the outdated slot drained", operator_process.logs)

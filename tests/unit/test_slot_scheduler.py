@@ -125,3 +125,53 @@ def test_scale_down_drains_idle_slots(h: ReconcilerHarness) -> None:
         h.pool_round()
     assert channel(h, slot_name).drain_requested()
     assert "SlotDrained" in h.reasons()
+
+
+def edit_pool(h: ReconcilerHarness, **spec: object) -> None:
+    """`kubectl edit batchpool pool-a`: the spec changes, the pool (and its uid) stays."""
+    pool = h.kube.get("batchpools", None, "pool-a")
+    assert pool is not None
+    pool["spec"] = make_pool(scaleDownCooldownSeconds=0, **spec)["spec"]
+
+
+def test_a_pool_edit_retires_the_slots_started_before_it(h: ReconcilerHarness) -> None:
+    """A busy slot of the old spec finishes what it runs, gets nothing new and drains; new work
+    starts a slot of the new spec; an idle old slot is removed at once; a pool edit that does
+    not shape slots (maxSlots) retires nothing."""
+    first = submit(h, "batch-" + "g" * 24, requests=2)
+    h.pool_round()
+    (old,) = h.jobs()
+    old_name = old["metadata"]["name"]
+    beat(h, old_name)
+    edit_pool(h, maxSlots=3)
+    h.pool_round()
+    assert "SlotOutdated" not in h.reasons()
+    edit_pool(
+        h, maxSlots=3, executor={"engine": "simulated", "engineArgs": ["--latency-seconds=0.01"]}
+    )
+    h.pool_round()
+    assert channel(h, old_name).drain_requested()  # busy: it drains, finishing its shard
+    assert "SlotOutdated" in h.reasons()
+    assert lease_of(h, first).slot == old_name  # type: ignore[attr-defined]
+    second = submit(h, "batch-" + "h" * 24, requests=2)
+    h.pool_round()
+    new = [j for j in h.jobs() if j["metadata"]["name"] != old_name]
+    assert len(new) == 1  # the new work started a slot of the new spec, not the old one
+    assert lease_of(h, second).slot == new[0]["metadata"]["name"]  # type: ignore[attr-defined]
+    spec_key = f"{keys.slot_prefix('pool-a', new[0]['metadata']['name'])}/spec.json"
+    assert b"latency_seconds" in h.store.get(spec_key)  # the new engine args
+    beat(h, new[0]["metadata"]["name"])
+    # the old slot ends its shard and reports it; nothing runs there any more: removed
+    ch = channel(h, old_name)
+    (key,) = ch.assignments()
+    assert h.run_slot(old, exits=False).value == "done"
+    h.pool_round()
+    assert key not in ch.assignments()
+    beat(h, old_name, seq=3)
+    h.pool_round()
+    assert old_name not in [j["metadata"]["name"] for j in h.jobs()]
+    for name in (first, second):
+        h.run_jobs()
+        status = h.step_until(name, "completed")
+        out = h.file_lines(status["outputFileID"])
+        assert Counter(line["custom_id"] for line in out) == Counter(["req-0", "req-1"])

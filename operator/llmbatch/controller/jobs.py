@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 import yaml
@@ -176,3 +178,26 @@ def build_slot_job(
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def slot_revision(config: OperatorConfig, pool: BatchPoolSpec, model_name: str) -> str | None:
+    """A digest of everything that shapes a slot of ``model_name`` (its pod template, its
+    model, engine, concurrency and idle time), or None when the pool no longer serves the model.
+
+    The scheduler stamps it on each slot Job; a slot whose stamp differs from its pool's current
+    one was started before an edit, takes no new shard and drains (``docs/pools.md``).
+    """
+    model = next((m for m in pool.models if m.name == model_name), None)
+    if model is None:
+        return None
+    job = build_slot_job(config=config, pool_name="", pool=pool, slot="", spec_key="")
+    shape = {
+        "template": job["spec"]["template"],
+        "backoffLimit": job["spec"]["backoffLimit"],
+        "model": model.model_dump(mode="json"),
+        "engine": [pool.executor.engine, engine_args(pool)],
+        "slotConcurrency": pool.slot_concurrency,
+        "idleSeconds": pool.idle_seconds,
+    }
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+    return digest[:16]

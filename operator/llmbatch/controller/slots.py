@@ -21,7 +21,13 @@ from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 from llmbatch.api.slot import Assignment, ShardLease, SlotHeartbeat, SlotSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import LABEL_POOL, LABEL_SLOT, build_slot_job, engine_args
+from llmbatch.controller.jobs import (
+    LABEL_POOL,
+    LABEL_SLOT,
+    build_slot_job,
+    engine_args,
+    slot_revision,
+)
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.slotstate import (
     ObservedSlot,
@@ -49,6 +55,7 @@ from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, w
 
 log = logging.getLogger("llmbatch.controller.slots")
 ANNOTATION_MODEL = "llmbatch.io/model"
+ANNOTATION_REVISION = "llmbatch.io/slot-revision"
 API_GROUP_VERSION = "llmbatch.io/v1alpha1"
 
 
@@ -118,7 +125,7 @@ class SlotScheduler:
         jobs = await self.kube.list_jobs(namespace, f"{LABEL_POOL}={name},{LABEL_SLOT}")
         work = _work(name, batches)
         slots = [
-            await self._observe(name, job, now)
+            await self._observe(name, pool, job, now)
             for job in jobs
             if not job["metadata"].get("deletionTimestamp")
         ]
@@ -126,6 +133,8 @@ class SlotScheduler:
         for slot in slots:
             if slot.lost is not None:
                 await self._remove(namespace, slot)
+            elif slot.outdated:
+                await self._retire(namespace, slot, result)
         live = [s for s in slots if s.lost is None]
         waiting = [w for w in work.values() if w.key not in held and await self._queued(w)]
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
@@ -164,7 +173,9 @@ class SlotScheduler:
 
     # --- observing ---------------------------------------------------------------------------
 
-    async def _observe(self, pool_name: str, job: dict[str, Any], now: float) -> ObservedSlot:
+    async def _observe(
+        self, pool_name: str, pool: BatchPoolSpec, job: dict[str, Any], now: float
+    ) -> ObservedSlot:
         name = job["metadata"]["name"]
         channel = SlotChannel(self.store, keys.slot_prefix(pool_name, name))
         heartbeat = await asyncio.to_thread(channel.heartbeat)
@@ -179,8 +190,10 @@ class SlotScheduler:
             seen[1] if seen else None, now, self.config.slot_lease_seconds
         ):
             lost = f"no heartbeat for {self.config.slot_lease_seconds:g} s"
-        model = (job["metadata"].get("annotations") or {}).get(ANNOTATION_MODEL, "")
-        return ObservedSlot(name, model, channel, heartbeat, assignments, lost, exited)
+        annotations = job["metadata"].get("annotations") or {}
+        model = annotations.get(ANNOTATION_MODEL, "")
+        outdated = annotations.get(ANNOTATION_REVISION) != slot_revision(self.config, pool, model)
+        return ObservedSlot(name, model, channel, heartbeat, assignments, lost, exited, outdated)
 
     def _count_time(self, pool_name: str, slot: str, heartbeat: SlotHeartbeat) -> None:
         """Busy and idle slot-seconds, from the growth of the heartbeat's running totals."""
@@ -366,7 +379,10 @@ class SlotScheduler:
         job = build_slot_job(
             config=self.config, pool_name=pool_name, pool=pool, slot=slot, spec_key=spec_key
         )
-        job["metadata"]["annotations"] = {ANNOTATION_MODEL: model.name}
+        job["metadata"]["annotations"] = {
+            ANNOTATION_MODEL: model.name,
+            ANNOTATION_REVISION: slot_revision(self.config, pool, model.name) or "",
+        }
         if pool_uid:
             job["metadata"]["ownerReferences"] = [
                 {
@@ -412,6 +428,34 @@ class SlotScheduler:
                 continue
             await asyncio.to_thread(slot.channel.request_drain)
             result.events.append(("Normal", "SlotDrained", f"Draining idle slot {slot.name}"))
+
+    async def _retire(self, namespace: str, slot: ObservedSlot, result: SlotRound) -> None:
+        """A slot started before its pool was edited takes no new shard. What it was given but
+        has not started goes back to the queue now; the shards it runs finish there (nothing is
+        interrupted) and it drains; one that runs nothing is removed at once. New slots of the
+        new spec take the work."""
+        running = slot.running()
+        for key in slot.assignments.keys() - running:
+            await asyncio.to_thread(slot.channel.revoke, key)
+        if not running:
+            await self._remove(namespace, slot)
+            result.events.append(
+                ("Normal", "SlotOutdated", f"Removed slot {slot.name}: the pool changed")
+            )
+            return
+        if slot.heartbeat is not None and slot.heartbeat.state in ("draining", "exited"):
+            return
+        if await asyncio.to_thread(slot.channel.drain_requested):
+            return
+        await asyncio.to_thread(slot.channel.request_drain)
+        result.events.append(
+            (
+                "Normal",
+                "SlotOutdated",
+                f"Draining slot {slot.name}: the pool changed since it started; it finishes "
+                "its running shards, new ones go to slots of the new spec",
+            )
+        )
 
     async def _preempt(
         self,

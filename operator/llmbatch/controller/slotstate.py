@@ -43,11 +43,14 @@ class ObservedSlot:
     """Why its shards must go elsewhere (Job ended, heartbeat lapsed); None while alive."""
     exited: bool = False
     """It ended by itself (idle, drained): what it still held is re-queued without blame."""
+    outdated: bool = False
+    """Started before its pool was edited (another slot revision): it takes no new shard."""
 
     @property
     def open(self) -> bool:
         beat = self.heartbeat
-        return self.lost is None and (beat is None or beat.state in ("starting", "ready"))
+        alive = beat is None or beat.state in ("starting", "ready")
+        return self.lost is None and not self.outdated and alive
 
     def running(self) -> set[str]:
         """Shards its last heartbeat says are still running (revoked ones included)."""
