@@ -138,6 +138,8 @@ def main() -> None:
             "KUBECONFIG": str(kc),
             "LLMBATCH_STORE_URI": f"file://{work / 'store'}",
             "LLMBATCH_METRICS_PORT": "0",
+            # first results are read from the chunks: keep finished batches' work areas
+            "LLMBATCH_RETENTION_INTERVAL": "86400",
         }
         operator = subprocess.Popen(
             [sys.executable, "-m", "llmbatch", "operator", "--liveness-port", "0"],

@@ -170,6 +170,8 @@ class Stack:
             "KUBECONFIG": str(self.kc),
             "LLMBATCH_STORE_URI": f"file://{self.store}",
             "LLMBATCH_METRICS_PORT": "0",
+            # first results are read from the chunks: keep finished batches' work areas
+            "LLMBATCH_RETENTION_INTERVAL": "86400",
             "LLMBATCH_RECONCILE_INTERVAL": "1",
             "LLMBATCH_PROGRESS_INTERVAL": "1",
             "LLMBATCH_SLOT_HEARTBEAT_SECONDS": "1",
