@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import time
 from typing import Any
 
 import pytest
@@ -272,3 +273,32 @@ def test_editing_a_pool_rolls_its_slots_without_interrupting_them(
         )
 
     wait_for(old_slot_ended, 60, "the outdated slot drained", operator_process.logs)
+
+
+def test_min_slots_are_started_before_work_and_outlive_their_idle_time(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """minSlots=1 with idleSeconds=2: a slot starts with no batch and is still up long after
+    its idle time; the first batch runs on it; minSlots=0 lets it idle out."""
+    pool = make_pool(cluster, tmp_path, max_slots=2)
+    patch = {"spec": {"minSlots": 1, "idleSeconds": 2}}
+    cluster.kubectl("patch", "batchpool", pool, "--type=merge", "-p", json.dumps(patch))
+
+    def running_slots() -> list[str]:
+        pods = kubectl_json(
+            cluster, "get", "pods", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/pool={pool}"
+        )["items"]
+        return sorted(
+            p["metadata"]["labels"]["llmbatch.io/slot"]
+            for p in pods
+            if p["status"].get("phase") == "Running"
+        )
+
+    (slot,) = wait_for(running_slots, 60, "a minSlots slot running", operator_process.logs)
+    time.sleep(8)  # four times its idle time
+    assert running_slots() == [slot]
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(3))
+    status = wait_status(cluster, operator_process, namespace, name, {"completed"})["status"]
+    assert status["shards"][0]["job"] == slot  # the warm slot took it
+    cluster.kubectl("patch", "batchpool", pool, "--type=merge", "-p", '{"spec":{"minSlots":0}}')
+    wait_for(lambda: not running_slots(), 60, "the slot idled out", operator_process.logs)

@@ -277,6 +277,25 @@ def test_an_idle_slot_exits_after_idle_seconds(tmp_path: Path, idle: float) -> N
     _run(go)
 
 
+def test_a_slot_kept_warm_outlives_its_idle_time_until_the_mark_is_gone(tmp_path: Path) -> None:
+    """minSlots: the operator's keep mark holds an idle slot up; without it, it idles out."""
+    rig = Rig(tmp_path)
+
+    async def go() -> None:
+        engine = await _started(_engine())
+        slot = rig.slot(engine, idle_seconds=0.1)
+        rig.channel.keep_warm(True)
+        task = asyncio.ensure_future(slot.run())
+        await asyncio.sleep(0.6)  # six times its idle time
+        assert not task.done()
+        rig.assign(rig.shard("a", 2))  # and it still runs what comes
+        await _until(lambda: len(rig.done_ids(rig.shard("a", 2))) == 2)
+        rig.channel.keep_warm(False)
+        assert await asyncio.wait_for(task, 5) is Outcome.DONE
+
+    _run(go)
+
+
 def test_the_slot_process_runs_its_assignments_and_exits_idle(tmp_path: Path) -> None:
     """``python -m llmbatch.executor --slot SPEC`` (in-process): engine once, shard, exit 0."""
     from llmbatch.api.slot import SlotSpec

@@ -175,3 +175,26 @@ def test_a_pool_edit_retires_the_slots_started_before_it(h: ReconcilerHarness) -
         status = h.step_until(name, "completed")
         out = h.file_lines(status["outputFileID"])
         assert Counter(line["custom_id"] for line in out) == Counter(["req-0", "req-1"])
+
+
+def test_min_slots_start_before_any_work_and_stay_warm(h: ReconcilerHarness) -> None:
+    """minSlots=1: a slot starts with no batch, is marked to outlive its idle time and is
+    never scaled down; the first batch goes to it; lowering minSlots lets it go."""
+    edit_pool(h, minSlots=1)
+    h.pool_round()
+    (slot,) = h.jobs()
+    name = slot["metadata"]["name"]
+    assert channel(h, name).assignments() == {}
+    assert "SlotStarted" in h.reasons()
+    beat(h, name)
+    for _ in range(3):
+        h.pool_round()
+    assert channel(h, name).keep_requested()
+    assert not channel(h, name).drain_requested()
+    assert [j["metadata"]["name"] for j in h.jobs()] == [name]  # no second slot
+    first = submit(h, "batch-" + "k" * 24, requests=2)
+    h.pool_round()
+    assert lease_of(h, first).slot == name  # type: ignore[attr-defined]
+    edit_pool(h, minSlots=0)
+    h.pool_round()
+    assert not channel(h, name).keep_requested()

@@ -17,18 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from llmbatch.api.resources import BatchPoolSpec
-from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
-from llmbatch.api.slot import Assignment, ShardLease, SlotHeartbeat, SlotSpec
+from llmbatch.api.shard import ShardSpec
+from llmbatch.api.slot import Assignment, ShardLease, SlotHeartbeat
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.jobs import (
     LABEL_POOL,
     LABEL_SLOT,
-    build_slot_job,
-    engine_args,
     slot_revision,
 )
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.slotfleet import ANNOTATION_MODEL, ANNOTATION_REVISION, SlotFleet
 from llmbatch.controller.slotstate import (
     ObservedSlot,
     SlotRound,
@@ -36,7 +35,6 @@ from llmbatch.controller.slotstate import (
     job_ended,
     lease_key,
     max_num_seqs,
-    new_slot_name,
     work_key,
 )
 from llmbatch.core import keys, tiers
@@ -54,9 +52,6 @@ from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, write_lease
 
 log = logging.getLogger("llmbatch.controller.slots")
-ANNOTATION_MODEL = "llmbatch.io/model"
-ANNOTATION_REVISION = "llmbatch.io/slot-revision"
-API_GROUP_VERSION = "llmbatch.io/v1alpha1"
 
 
 def _work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
@@ -93,6 +88,21 @@ def _work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
     return found
 
 
+def _views(live: list[ObservedSlot], capacity: int) -> list[SlotView]:
+    """The live slots as placement sees them."""
+    return [
+        SlotView(
+            name=s.name,
+            load=len(s.assignments.keys() | s.running()),
+            capacity=capacity,
+            ready=s.heartbeat is not None and s.heartbeat.state == "ready",
+            open=s.open,
+            model=s.model,
+        )
+        for s in live
+    ]
+
+
 class SlotScheduler:
     """Places shards on the warm slots of a pool, one round per call."""
 
@@ -109,6 +119,7 @@ class SlotScheduler:
         self.clock = clock
         self._seen: dict[str, tuple[int, float]] = {}
         self._times: dict[str, tuple[float, float]] = {}
+        self.fleet = SlotFleet(kube, store, config, self._forget)
 
     async def round(
         self,
@@ -132,30 +143,20 @@ class SlotScheduler:
         held, running = await self._settle(pool, slots, work, result)
         for slot in slots:
             if slot.lost is not None:
-                await self._remove(namespace, slot)
+                await self.fleet.remove(namespace, slot)
             elif slot.outdated:
-                await self._retire(namespace, slot, result)
+                await self.fleet.retire(namespace, slot, result)
         live = [s for s in slots if s.lost is None]
         waiting = [w for w in work.values() if w.key not in held and await self._queued(w)]
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
-        views = [
-            SlotView(
-                name=s.name,
-                load=len(s.assignments.keys() | s.running()),
-                capacity=capacity,
-                ready=s.heartbeat is not None and s.heartbeat.state == "ready",
-                open=s.open,
-                model=s.model,
-            )
-            for s in live
-        ]
+        views = _views(live, capacity)
         placement = place((w.queued for w in waiting), views, desired, capacity)
         by_shard = {id(w.queued): w for w in waiting}
         for shard, slot_name in placement.assign:
             await self._assign(name, slot_name, by_shard[id(shard)], now)
         for group in placement.new_slots:
-            started = await self._start_slot(
-                name, pool, pool_uid, [by_shard[id(q)] for q in group], now
+            started = await self.fleet.start(
+                name, pool, pool_uid, [by_shard[id(q)] for q in group], now, self._assign
             )
             result.events.append(
                 ("Normal", "SlotStarted", f"Started slot {started} for {len(group)} shards")
@@ -166,10 +167,20 @@ class SlotScheduler:
         assigned = {slot for _, slot in placement.assign}
         busy = assigned | {v.name for v in views if v.load}
         waiting_models = {q.model for q in placement.waiting}
-        await self._scale_down(namespace, live, busy, desired, waiting_models, result)
-        result.warm = sum(1 for s in live if s.open) + len(placement.new_slots)
+        kept = await self.fleet.keep_warm(pool, live)
+        prestarted = await self.fleet.prestart(
+            name, pool, pool_uid, live, placement, now, self._assign, result
+        )
+        if waiting_models and sum(1 for s in live if s.open) >= pool.max_slots:
+            kept = set()  # a full pool: a kept idle slot of another model is in the way
+        await self.fleet.scale_down(namespace, live, busy, desired, waiting_models, kept, result)
+        result.warm = sum(1 for s in live if s.open) + len(placement.new_slots) + prestarted
         result.busy = len(busy) + len(placement.new_slots)
         return result
+
+    def _forget(self, slot: str) -> None:
+        self._seen.pop(slot, None)
+        self._times.pop(slot, None)
 
     # --- observing ---------------------------------------------------------------------------
 
@@ -324,13 +335,6 @@ class SlotScheduler:
         updated = lease.model_copy(update=changes)
         await asyncio.to_thread(write_lease, self.store, lease_key(assignment), updated)
 
-    async def _remove(self, namespace: str, slot: ObservedSlot) -> None:
-        """A lost slot: delete its Job (a hung process with it) and its channel."""
-        self._seen.pop(slot.name, None)
-        self._times.pop(slot.name, None)
-        await self.kube.delete_job(namespace, slot.name)
-        await asyncio.to_thread(slot.channel.clear)
-
     # --- placing -----------------------------------------------------------------------------
 
     async def _assign(self, pool_name: str, slot: str, work: Work, now: float) -> None:
@@ -346,116 +350,6 @@ class SlotScheduler:
         channel = SlotChannel(self.store, keys.slot_prefix(pool_name, slot))
         await asyncio.to_thread(channel.assign, assignment)
         metrics.SLOT_ASSIGNMENTS.labels(pool_name).inc()
-
-    async def _start_slot(
-        self,
-        pool_name: str,
-        pool: BatchPoolSpec,
-        pool_uid: str | None,
-        group: list[Work],
-        now: float,
-    ) -> str:
-        """Write a new slot's spec and first assignments, then create its Job."""
-        slot = new_slot_name(pool_name)
-        prefix = keys.slot_prefix(pool_name, slot)
-        model_name = group[0].queued.model
-        model = next((m for m in pool.models if m.name == model_name), pool.models[0])
-        spec = SlotSpec(
-            pool=pool_name,
-            slot=slot,
-            store=self.config.executor_store_uri,
-            channel_prefix=prefix,
-            model=ModelRef(name=model.name, path=model.source),
-            engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
-            concurrency=slot_concurrency(pool.slot_concurrency, max_num_seqs(pool)),
-            idle_seconds=pool.idle_seconds,
-            heartbeat_seconds=self.config.slot_heartbeat_seconds,
-            poll_seconds=self.config.slot_poll_seconds,
-        )
-        spec_key = f"{prefix}/spec.json"
-        await asyncio.to_thread(self.store.put, spec_key, spec.model_dump_json().encode())
-        for work in group:
-            await self._assign(pool_name, slot, work, now)
-        job = build_slot_job(
-            config=self.config, pool_name=pool_name, pool=pool, slot=slot, spec_key=spec_key
-        )
-        job["metadata"]["annotations"] = {
-            ANNOTATION_MODEL: model.name,
-            ANNOTATION_REVISION: slot_revision(self.config, pool, model.name) or "",
-        }
-        if pool_uid:
-            job["metadata"]["ownerReferences"] = [
-                {
-                    "apiVersion": API_GROUP_VERSION,
-                    "kind": "BatchPool",
-                    "name": pool_name,
-                    "uid": pool_uid,
-                }
-            ]
-        await self.kube.create_or_adopt_job(job)
-        metrics.SLOT_STARTS.labels(pool_name).inc()
-        return slot
-
-    async def _scale_down(
-        self,
-        namespace: str,
-        slots: list[ObservedSlot],
-        busy: set[str],
-        desired: int,
-        waiting: set[str],
-        result: SlotRound,
-    ) -> None:
-        """More open slots than the autoscaler wants (its cool-down has passed), or idle slots
-        of a model while shards of another wait for room: drain idle ones. A draining slot
-        takes no new shard and exits; busy slots finish their work."""
-        open_slots = [s for s in slots if s.open]
-        idle = sorted((s for s in open_slots if s.name not in busy), key=lambda s: s.name)
-        # Never an idle slot of a model whose shards wait: it gets one next round (draining it
-        # would start another slot, and load the model again, for the same work).
-        idle = [s for s in idle if s.model not in waiting]
-        surplus = idle[: max(0, len(open_slots) - desired)]
-        if waiting:  # a slot serves one model: an idle one of another model is in the way
-            surplus += [s for s in idle if s not in surplus]
-        for slot in surplus:
-            if slot.heartbeat is None and not slot.assignments:
-                # Never started (its pod waits for a node): nothing to drain, just remove it.
-                await self._remove(namespace, slot)
-                result.events.append(
-                    ("Normal", "SlotRemoved", f"Removed unstarted slot {slot.name}")
-                )
-                continue
-            if await asyncio.to_thread(slot.channel.drain_requested):
-                continue
-            await asyncio.to_thread(slot.channel.request_drain)
-            result.events.append(("Normal", "SlotDrained", f"Draining idle slot {slot.name}"))
-
-    async def _retire(self, namespace: str, slot: ObservedSlot, result: SlotRound) -> None:
-        """A slot started before its pool was edited takes no new shard. What it was given but
-        has not started goes back to the queue now; the shards it runs finish there (nothing is
-        interrupted) and it drains; one that runs nothing is removed at once. New slots of the
-        new spec take the work."""
-        running = slot.running()
-        for key in slot.assignments.keys() - running:
-            await asyncio.to_thread(slot.channel.revoke, key)
-        if not running:
-            await self._remove(namespace, slot)
-            result.events.append(
-                ("Normal", "SlotOutdated", f"Removed slot {slot.name}: the pool changed")
-            )
-            return
-        if slot.heartbeat is not None and slot.heartbeat.state in ("draining", "exited"):
-            return
-        if await asyncio.to_thread(slot.channel.drain_requested):
-            return
-        await asyncio.to_thread(slot.channel.request_drain)
-        result.events.append(
-            (
-                "Normal",
-                "SlotOutdated",
-                f"Draining slot {slot.name}: the pool changed since it started; it finishes "
-                "its running shards, new ones go to slots of the new spec",
-            )
-        )
 
     async def _preempt(
         self,

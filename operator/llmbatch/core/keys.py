@@ -80,3 +80,8 @@ def slot_heartbeat_key(channel_prefix: str) -> str:
 def slot_drain_key(channel_prefix: str) -> str:
     """Present when the operator asks the slot to finish its shards and exit."""
     return f"{channel_prefix}/drain"
+
+
+def slot_keep_key(channel_prefix: str) -> str:
+    """Present while the operator wants the slot warm past its idle time (``minSlots``)."""
+    return f"{channel_prefix}/keep"

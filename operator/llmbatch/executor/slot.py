@@ -47,6 +47,10 @@ class AssignmentSource(Protocol):
 
     async def drain_requested(self) -> bool: ...
 
+    async def keep_warm(self) -> bool:
+        """Whether to stay up past the idle time (the operator keeps ``minSlots`` warm)."""
+        ...
+
     async def report(self, heartbeat: SlotHeartbeat) -> None: ...
 
 
@@ -62,6 +66,9 @@ class FixedAssignments:
         return {a.key: a for a in assignments}
 
     async def drain_requested(self) -> bool:
+        return False
+
+    async def keep_warm(self) -> bool:
         return False
 
     async def report(self, heartbeat: SlotHeartbeat) -> None:
@@ -80,6 +87,9 @@ class ChannelAssignments:
 
     async def drain_requested(self) -> bool:
         return await asyncio.to_thread(self.channel.drain_requested)
+
+    async def keep_warm(self) -> bool:
+        return await asyncio.to_thread(self.channel.keep_requested)
 
     async def report(self, heartbeat: SlotHeartbeat) -> None:
         await asyncio.to_thread(self.channel.write_heartbeat, heartbeat)
@@ -229,6 +239,7 @@ class Slot:
     _running: dict[str, _Run] = field(default_factory=dict, init=False)
     _stopping: bool = field(default=False, init=False)
     _draining: bool = field(default=False, init=False)
+    _kept: bool = field(default=False, init=False)
     _seq: int = field(default=0, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
@@ -286,6 +297,8 @@ class Slot:
             if not self._draining and await self.source.drain_requested():
                 log.info("slot %s: drain requested", self.settings.name)
                 self._draining = True
+            if not self._running and self._idle_for() >= self.settings.idle_seconds:
+                self._kept = not self.source.fixed and await self.source.keep_warm()
         except StoreError as exc:  # the channel is unreachable: keep running what we have
             log.warning("slot %s: assignments unreadable: %s", self.settings.name, exc)
             return {key: run.assignment for key, run in self._running.items()}
@@ -375,7 +388,10 @@ class Slot:
             return False
         if self.source.fixed:
             return True
-        return self.clock() - self._idle_since >= self.settings.idle_seconds
+        return self._idle_for() >= self.settings.idle_seconds and not self._kept
+
+    def _idle_for(self) -> float:
+        return self.clock() - self._idle_since
 
     async def _heartbeat(self, *, final: bool = False) -> None:
         """Renew the leases (a new ``seq``) every ``heartbeat_seconds``; drop what was revoked."""

@@ -41,6 +41,14 @@ class SlotChannel:
         """Ask the slot to finish its shards, take no new ones and exit."""
         self.store.put(keys.slot_drain_key(self.prefix), b"drain\n")
 
+    def keep_warm(self, keep: bool) -> None:
+        """Ask the slot to stay up past its idle time (one of the pool's ``minSlots``), or not."""
+        key = keys.slot_keep_key(self.prefix)
+        if keep:
+            self.store.put(key, b"keep\n")
+        else:
+            self.store.delete(key)
+
     def heartbeat(self) -> SlotHeartbeat | None:
         """The slot's last heartbeat, or None before its first (or when unreadable)."""
         raw = self._get(keys.slot_heartbeat_key(self.prefix))
@@ -76,6 +84,9 @@ class SlotChannel:
 
     def drain_requested(self) -> bool:
         return self.store.head(keys.slot_drain_key(self.prefix)) is not None
+
+    def keep_requested(self) -> bool:
+        return self.store.head(keys.slot_keep_key(self.prefix)) is not None
 
     def write_heartbeat(self, heartbeat: SlotHeartbeat) -> None:
         self.store.put(keys.slot_heartbeat_key(self.prefix), heartbeat.model_dump_json().encode())

@@ -182,8 +182,8 @@ class BatchPoolSpec(CRModel):
     tolerations: Annotated[list[Toleration], Field(max_length=16)] | None = None
     """Tolerations of slot pods."""
     min_slots: Annotated[int, Field(ge=0, le=1024)] = 0
-    """Fewest slots the autoscaler wants (slots still start only for queued shards, and an idle
-    one exits after idleSeconds)."""
+    """Slots kept warm: started before any work comes (for the first model) and kept up past
+    idleSeconds; also the autoscaler's floor."""
     max_slots: Annotated[int, Field(ge=1, le=1024)] = 1
     """Most slots (slot Jobs) running at once."""
     slot_concurrency: Annotated[int, Field(ge=1, le=64)] | None = None

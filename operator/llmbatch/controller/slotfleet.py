@@ -1,0 +1,212 @@
+"""A pool's slot Jobs over their lives: started (with their first shards, or empty to keep
+``minSlots`` warm), kept warm, retired when the pool changed under them, drained when surplus,
+removed when lost. The slot scheduler (:mod:`llmbatch.controller.slots`) decides where shards
+go; this module only changes which slots exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.shard import EngineSpec, ModelRef
+from llmbatch.api.slot import SlotSpec
+from llmbatch.controller import metrics
+from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.jobs import build_slot_job, engine_args, slot_revision
+from llmbatch.controller.kube import Kube
+from llmbatch.controller.slotstate import (
+    ObservedSlot,
+    SlotRound,
+    Work,
+    max_num_seqs,
+    new_slot_name,
+)
+from llmbatch.core import keys
+from llmbatch.core.slots import Placement, slot_concurrency
+from llmbatch.storage.base import ObjectStore
+
+ANNOTATION_MODEL = "llmbatch.io/model"
+ANNOTATION_REVISION = "llmbatch.io/slot-revision"
+API_GROUP_VERSION = "llmbatch.io/v1alpha1"
+
+Assign = Callable[[str, str, Work, float], Awaitable[None]]
+"""Lease a shard to a slot and write its assignment: (pool, slot, work, now)."""
+
+
+class SlotFleet:
+    """Creates, keeps, retires, drains and removes the slot Jobs of pools."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        config: OperatorConfig,
+        forget: Callable[[str], None],
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.config = config
+        self.forget = forget
+        """Drop what the scheduler remembers of a removed slot (its heartbeat timing)."""
+        self._kept: set[str] = set()
+        """Slots whose keep-warm mark this process wrote (rewritten after a restart)."""
+
+    async def keep_warm(self, pool: BatchPoolSpec, live: list[ObservedSlot]) -> set[str]:
+        """Mark ``minSlots`` open slots (loaded ones first) to stay up past their idle time, and
+        unmark the rest; the marked ones are never scaled down."""
+        open_slots = sorted(
+            (s for s in live if s.open),
+            key=lambda s: (s.heartbeat is None or s.heartbeat.state != "ready", s.name),
+        )
+        kept = {s.name for s in open_slots[: pool.min_slots]}
+        for slot in live:
+            want = slot.name in kept
+            if want != (slot.name in self._kept):
+                await asyncio.to_thread(slot.channel.keep_warm, want)
+                (self._kept.add if want else self._kept.discard)(slot.name)
+        return kept
+
+    async def prestart(
+        self,
+        pool_name: str,
+        pool: BatchPoolSpec,
+        pool_uid: str | None,
+        live: list[ObservedSlot],
+        placement: Placement,
+        now: float,
+        assign: Assign,
+        result: SlotRound,
+    ) -> int:
+        """Start empty slots of the pool's first model until ``minSlots`` are open, so the
+        first batch finds a loaded engine."""
+        open_count = sum(1 for s in live if s.open) + len(placement.new_slots)
+        missing = min(pool.min_slots, pool.max_slots) - open_count
+        for _ in range(max(0, missing)):
+            slot = await self.start(pool_name, pool, pool_uid, [], now, assign, pool.models[0].name)
+            result.events.append(("Normal", "SlotStarted", f"Started slot {slot} (minSlots)"))
+        return max(0, missing)
+
+    async def start(
+        self,
+        pool_name: str,
+        pool: BatchPoolSpec,
+        pool_uid: str | None,
+        group: list[Work],
+        now: float,
+        assign: Assign,
+        model_name: str | None = None,
+    ) -> str:
+        """Write a new slot's spec and first assignments, then create its Job (the model of
+        its shards, or ``model_name`` for an empty one)."""
+        slot = new_slot_name(pool_name)
+        prefix = keys.slot_prefix(pool_name, slot)
+        model_name = group[0].queued.model if group else model_name
+        model = next((m for m in pool.models if m.name == model_name), pool.models[0])
+        spec = SlotSpec(
+            pool=pool_name,
+            slot=slot,
+            store=self.config.executor_store_uri,
+            channel_prefix=prefix,
+            model=ModelRef(name=model.name, path=model.source),
+            engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
+            concurrency=slot_concurrency(pool.slot_concurrency, max_num_seqs(pool)),
+            idle_seconds=pool.idle_seconds,
+            heartbeat_seconds=self.config.slot_heartbeat_seconds,
+            poll_seconds=self.config.slot_poll_seconds,
+        )
+        spec_key = f"{prefix}/spec.json"
+        await asyncio.to_thread(self.store.put, spec_key, spec.model_dump_json().encode())
+        for work in group:
+            await assign(pool_name, slot, work, now)
+        job = build_slot_job(
+            config=self.config, pool_name=pool_name, pool=pool, slot=slot, spec_key=spec_key
+        )
+        job["metadata"]["annotations"] = {
+            ANNOTATION_MODEL: model.name,
+            ANNOTATION_REVISION: slot_revision(self.config, pool, model.name) or "",
+        }
+        if pool_uid:
+            job["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": API_GROUP_VERSION,
+                    "kind": "BatchPool",
+                    "name": pool_name,
+                    "uid": pool_uid,
+                }
+            ]
+        await self.kube.create_or_adopt_job(job)
+        metrics.SLOT_STARTS.labels(pool_name).inc()
+        return slot
+
+    async def remove(self, namespace: str, slot: ObservedSlot) -> None:
+        """Delete the slot's Job (a hung process with it) and its channel."""
+        self.forget(slot.name)
+        self._kept.discard(slot.name)
+        await self.kube.delete_job(namespace, slot.name)
+        await asyncio.to_thread(slot.channel.clear)
+
+    async def retire(self, namespace: str, slot: ObservedSlot, result: SlotRound) -> None:
+        """A slot started before its pool was edited takes no new shard. What it was given but
+        has not started goes back to the queue now; the shards it runs finish there (nothing is
+        interrupted) and it drains; one that runs nothing is removed at once. New slots of the
+        new spec take the work."""
+        running = slot.running()
+        for key in slot.assignments.keys() - running:
+            await asyncio.to_thread(slot.channel.revoke, key)
+        if not running:
+            await self.remove(namespace, slot)
+            result.events.append(
+                ("Normal", "SlotOutdated", f"Removed slot {slot.name}: the pool changed")
+            )
+            return
+        if slot.heartbeat is not None and slot.heartbeat.state in ("draining", "exited"):
+            return
+        if await asyncio.to_thread(slot.channel.drain_requested):
+            return
+        await asyncio.to_thread(slot.channel.request_drain)
+        result.events.append(
+            (
+                "Normal",
+                "SlotOutdated",
+                f"Draining slot {slot.name}: the pool changed since it started; it finishes "
+                "its running shards, new ones go to slots of the new spec",
+            )
+        )
+
+    async def scale_down(
+        self,
+        namespace: str,
+        slots: list[ObservedSlot],
+        busy: set[str],
+        desired: int,
+        waiting: set[str],
+        kept: set[str],
+        result: SlotRound,
+    ) -> None:
+        """More open slots than the autoscaler wants (its cool-down has passed), or idle slots
+        of a model while shards of another wait for room: drain idle ones, never the ``kept``
+        (minSlots). A draining slot takes no new shard and exits; busy slots finish their
+        work."""
+        open_slots = [s for s in slots if s.open]
+        idle = sorted((s for s in open_slots if s.name not in busy), key=lambda s: s.name)
+        idle = [s for s in idle if s.name not in kept]
+        # Never an idle slot of a model whose shards wait: it gets one next round (draining it
+        # would start another slot, and load the model again, for the same work).
+        idle = [s for s in idle if s.model not in waiting]
+        surplus = idle[: max(0, len(open_slots) - desired)]
+        if waiting:  # a slot serves one model: an idle one of another model is in the way
+            surplus += [s for s in idle if s not in surplus]
+        for slot in surplus:
+            if slot.heartbeat is None and not slot.assignments:
+                # Never started (its pod waits for a node): nothing to drain, just remove it.
+                await self.remove(namespace, slot)
+                result.events.append(
+                    ("Normal", "SlotRemoved", f"Removed unstarted slot {slot.name}")
+                )
+                continue
+            if await asyncio.to_thread(slot.channel.drain_requested):
+                continue
+            await asyncio.to_thread(slot.channel.request_drain)
+            result.events.append(("Normal", "SlotDrained", f"Draining idle slot {slot.name}"))
