@@ -38,6 +38,8 @@ batches of 6-24 requests run for roughly 5-15 s on this stack)."""
 VICTIM_WAIT = 15.0
 """How long a kill waits for its victim to exist (an executor pod between two shards)."""
 HEAL_TIMEOUT = 120.0
+VICTIMS = ("operator", "gateway", "executor", "apiserver", "node-agent")
+"""Every part a crash sweep kills, on either stack."""
 ONLY_VICTIMS = [v for v in os.environ.get("LLMBATCH_CRASH_VICTIMS", "").split(",") if v]
 
 

@@ -22,6 +22,7 @@ from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.faults.conftest import sweep_pool
 from tests.faults.crashsweep import (
     ITERATIONS,
+    VICTIMS,
     SweepFigures,
     http_ok,
     kill_all,
@@ -34,7 +35,6 @@ from tests.fixtures.cluster import pids_with_environ, start_cluster
 from tests.fixtures.gateway import wait_for_key
 from tests.integration.test_chart_install import WORKERS, Install
 
-VICTIMS = ("operator", "gateway", "executor", "apiserver", "node-agent")
 SLOT_POOL = "crash-chart"
 """The sweep's pool: its slots run the batches (the executor victim is their processes)."""
 TENANT = "team-crash"

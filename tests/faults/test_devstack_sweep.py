@@ -27,6 +27,7 @@ from llmbatch.devcluster import DevCluster
 from tests.faults.conftest import sweep_pool
 from tests.faults.crashsweep import (
     ITERATIONS,
+    VICTIMS,
     SweepFigures,
     http_ok,
     kill_all,
@@ -38,7 +39,6 @@ from tests.fixtures.cluster import kubectl, require_binaries, track_cluster
 from tests.fixtures.gateway import free_port, wait_for_key
 
 REPO = Path(__file__).resolve().parents[2]
-VICTIMS = ("operator", "gateway", "executor", "apiserver", "node-agent")
 SLOT_POOL = "crash-sim"
 """The sweep's pool: its slots run the batches (the executor victim is their processes)."""
 FIGURES = SweepFigures("devstack")

@@ -163,17 +163,22 @@ class SlotFleet:
             return
         if slot.heartbeat is not None and slot.heartbeat.state in ("draining", "exited"):
             return
+        await self._drain(
+            slot,
+            "SlotOutdated",
+            f"Draining slot {slot.name}: the pool changed since it started; it finishes its "
+            "running shards, new ones go to slots of the new spec",
+            result,
+        )
+
+    async def _drain(
+        self, slot: ObservedSlot, reason: str, message: str, result: SlotRound
+    ) -> None:
+        """Ask the slot to drain, once (an Event the first time)."""
         if await asyncio.to_thread(slot.channel.drain_requested):
             return
         await asyncio.to_thread(slot.channel.request_drain)
-        result.events.append(
-            (
-                "Normal",
-                "SlotOutdated",
-                f"Draining slot {slot.name}: the pool changed since it started; it finishes "
-                "its running shards, new ones go to slots of the new spec",
-            )
-        )
+        result.events.append(("Normal", reason, message))
 
     async def scale_down(
         self,
@@ -206,7 +211,4 @@ class SlotFleet:
                     ("Normal", "SlotRemoved", f"Removed unstarted slot {slot.name}")
                 )
                 continue
-            if await asyncio.to_thread(slot.channel.drain_requested):
-                continue
-            await asyncio.to_thread(slot.channel.request_drain)
-            result.events.append(("Normal", "SlotDrained", f"Draining idle slot {slot.name}"))
+            await self._drain(slot, "SlotDrained", f"Draining idle slot {slot.name}", result)

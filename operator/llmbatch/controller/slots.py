@@ -135,8 +135,10 @@ class SlotScheduler:
         namespace = pool.worker_namespace
         jobs = await self.kube.list_jobs(namespace, f"{LABEL_POOL}={name},{LABEL_SLOT}")
         work = _work(name, batches)
+        # What a slot of each model looks like now: computed once a round, not once a slot.
+        revisions = {m.name: slot_revision(self.config, pool, m.name) for m in pool.models}
         slots = [
-            await self._observe(name, pool, job, now)
+            await self._observe(name, revisions, job, now)
             for job in jobs
             if not job["metadata"].get("deletionTimestamp")
         ]
@@ -185,7 +187,7 @@ class SlotScheduler:
     # --- observing ---------------------------------------------------------------------------
 
     async def _observe(
-        self, pool_name: str, pool: BatchPoolSpec, job: dict[str, Any], now: float
+        self, pool_name: str, revisions: dict[str, str | None], job: dict[str, Any], now: float
     ) -> ObservedSlot:
         name = job["metadata"]["name"]
         channel = SlotChannel(self.store, keys.slot_prefix(pool_name, name))
@@ -203,7 +205,7 @@ class SlotScheduler:
             lost = f"no heartbeat for {self.config.slot_lease_seconds:g} s"
         annotations = job["metadata"].get("annotations") or {}
         model = annotations.get(ANNOTATION_MODEL, "")
-        outdated = annotations.get(ANNOTATION_REVISION) != slot_revision(self.config, pool, model)
+        outdated = annotations.get(ANNOTATION_REVISION) != revisions.get(model)
         return ObservedSlot(name, model, channel, heartbeat, assignments, lost, exited, outdated)
 
     def _count_time(self, pool_name: str, slot: str, heartbeat: SlotHeartbeat) -> None:
