@@ -146,6 +146,29 @@ def test_store_credentials_reach_every_component_as_environment() -> None:
     assert "envFrom" not in _container(render(), "llmbatch-gateway")
 
 
+def test_slot_settings_reach_the_operator() -> None:
+    """The warm-slot settings are chart values (docs/operations.md), not extraEnv only."""
+    objects = render(
+        sets=(
+            "operator.slots.heartbeatSeconds=3",
+            "operator.slots.leaseSeconds=20",
+            "operator.slots.pollSeconds=2",
+        )
+    )
+    env = {e["name"]: e.get("value") for e in _container(objects, "llmbatch-operator")["env"]}
+    assert env["LLMBATCH_SLOT_HEARTBEAT_SECONDS"] == "3"
+    assert env["LLMBATCH_SLOT_LEASE_SECONDS"] == "20"
+    assert env["LLMBATCH_SLOT_POLL_SECONDS"] == "2"
+    defaults = {e["name"]: e.get("value") for e in _container(render(), "llmbatch-operator")["env"]}
+    assert (
+        defaults["LLMBATCH_SLOT_HEARTBEAT_SECONDS"],
+        defaults["LLMBATCH_SLOT_LEASE_SECONDS"],
+    ) == (
+        "5",
+        "30",
+    )
+
+
 def test_metrics_never_on_the_api_service() -> None:
     objects = render()
     api = _find(objects, "Service", "llmbatch-gateway")
@@ -281,6 +304,7 @@ def test_every_pod_is_restricted(values: pathlib.Path) -> None:
         (("typo=1",), "additional properties 'typo' not allowed"),
         (("crds.kopfPeering=sometimes",), "value must be one of"),
         (("store.credentialsSecret=x",), "additional properties 'credentialsSecret' not allowed"),
+        (("operator.slots.leaseSeconds=0",), "leaseSeconds"),
     ],
 )
 def test_schema_rejects_bad_values(sets: tuple[str, ...], message: str) -> None:
