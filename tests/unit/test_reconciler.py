@@ -45,13 +45,16 @@ def custom_ids(lines: list[dict[str, object]]) -> Counter[object]:
 
 def test_validate_run_finalize(h: ReconcilerHarness) -> None:
     submit(h, requests=5)
+    # One step takes a new batch through validation and writes its shard specs: each phase
+    # runs on the status the previous one decided, not a timer tick later.
     h.step(BATCH)
-    assert h.status(BATCH)["status"] == "validating"
-    status = h.step_until(BATCH, "in_progress")
+    status = h.status(BATCH)
+    assert status["status"] == "in_progress"
     assert [s["requestCount"] for s in status["shards"]] == [2, 2, 1]
     assert status["workerNamespace"] == "llmbatch-workers"
-    h.step(BATCH)  # writes the shard specs: the shards wait for a slot
-    assert [s["phase"] for s in h.status(BATCH)["shards"]] == ["Pending"] * 3
+    assert [s["phase"] for s in status["shards"]] == ["Pending"] * 3  # they wait for a slot
+    for index in range(3):
+        assert h.store.head(keys.shard_spec_key(TENANT, h.batch(BATCH)["metadata"]["uid"], index))
     h.pool_round()  # one slot takes all three (slotConcurrency from max_num_seqs)
     (slot,) = h.jobs()
     h.step(BATCH)

@@ -198,3 +198,20 @@ def test_min_slots_start_before_any_work_and_stay_warm(h: ReconcilerHarness) -> 
     edit_pool(h, minSlots=0)
     h.pool_round()
     assert not channel(h, name).keep_requested()
+
+
+def test_a_kicked_pool_is_due_a_round_before_its_interval(h: ReconcilerHarness) -> None:
+    """A batch with shards never placed kicks its pool (handlers.batch_seen): the pool timer's
+    frequent check then runs a round at once instead of at the next reconcile interval."""
+    pools = h.pools
+    assert pools.due("pool-a")  # never scheduled
+    h.pool_round()
+    h.now += 0.5
+    assert not pools.due("pool-a")  # within the interval, nothing asked for a round
+    pools.kick("pool-a")
+    assert pools.due("pool-a")
+    h.pool_round()
+    h.now += 0.5
+    assert not pools.due("pool-a")  # the round that ran after the kick answered it
+    h.now += h.config.reconcile_interval
+    assert pools.due("pool-a")  # the interval passed

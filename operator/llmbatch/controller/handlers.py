@@ -168,6 +168,15 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
     dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
     if dispatcher is not None:
         dispatcher.notice(body, deleted=event.get("type") == "DELETED")
+    status = body.get("status") or {}
+    if status.get("status") == "in_progress" and any(
+        shard.get("phase") == "Pending" and not shard.get("job")
+        for shard in status.get("shards") or []
+    ):
+        # Shards never placed yet: their pool places them in its next check, not next round.
+        scheduler: PoolScheduler | None = getattr(memo, "pools", None)
+        if scheduler is not None and status.get("pool"):
+            scheduler.kick(str(status["pool"]))
 
 
 @kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)
@@ -178,7 +187,19 @@ async def webhook_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         dispatcher.notice_webhook(body)
 
 
-@kopf.timer(GROUP, VERSION, "batchpools", interval=INTERVAL, initial_delay=0, backoff=RETRY_BACKOFF)
+#: How often the pool timer checks whether its pool is due a round (``PoolScheduler.due``): every
+#: INTERVAL, or at once when a batch has kicked it.
+POOL_CHECK_INTERVAL = min(INTERVAL, 0.5)
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    "batchpools",
+    interval=POOL_CHECK_INTERVAL,
+    initial_delay=0,
+    backoff=RETRY_BACKOFF,
+)
 async def pool_timer(
     name: str,
     body: kopf.Body,
@@ -190,6 +211,8 @@ async def pool_timer(
 ) -> None:
     """Size the pool, grant free slots to waiting shards, report slots and queue depth."""
     scheduler: PoolScheduler = memo.pools
+    if not scheduler.due(name):
+        return
     result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"))
     if result.status:
         patch.setdefault("status", {}).update(result.status)

@@ -80,7 +80,24 @@ class PoolScheduler:
     ) -> None:
         self.kube = kube
         self.clock = clock
+        self.interval = config.reconcile_interval
         self.slots = SlotScheduler(kube, store, config, clock)
+        # pool -> (when its last round started, the kicks counted then); kicks counted per pool
+        self._rounds: dict[str, tuple[float, int]] = {}
+        self._kicks: dict[str, int] = {}
+
+    def kick(self, name: str) -> None:
+        """A batch of pool ``name`` has shards waiting for their first slot: run a round soon
+        instead of at the next interval (the pool timer checks :meth:`due` often)."""
+        self._kicks[name] = self._kicks.get(name, 0) + 1
+
+    def due(self, name: str) -> bool:
+        """Whether pool ``name`` needs a round now: its interval has passed since the last one
+        started, or a batch kicked it after that round started."""
+        last = self._rounds.get(name)
+        if last is None or self.clock() - last[0] >= self.interval:
+            return True
+        return self._kicks.get(name, 0) > last[1]
 
     async def step(
         self, name: str, spec: dict[str, Any], status: dict[str, Any], uid: str | None = None
@@ -88,6 +105,7 @@ class PoolScheduler:
         """One round: size the pool, settle and place shards on its slots."""
         pool = BatchPoolSpec.model_validate(spec)
         now = self.clock()
+        self._rounds[name] = (now, self._kicks.get(name, 0))
         result = PoolRound()
         throughput = float(Decimal(status.get("throughputPerSlot") or pool.throughput_per_slot))
         batches = await self.kube.list_custom("batches")  # one listing serves the whole round

@@ -36,6 +36,9 @@ from llmbatch.storage.base import ObjectStore
 
 STALE_BODY_SECONDS = 30.0
 
+#: Phases a step goes on from at once, on the status it has just decided.
+CHAINED = frozenset({Phase.VALIDATING, Phase.IN_PROGRESS})
+
 
 class BatchReconciler:
     """Drives Batches through validating → in_progress → finalizing → terminal."""
@@ -76,6 +79,12 @@ class BatchReconciler:
                 return step
             del self._patched_phase[batch.uid]
         await self._dispatch(batch, step, now)
+        while step.phase in CHAINED and step.phase != batch.status.status:
+            # A batch just created is validated in the same step, and one just accepted has
+            # its shard specs written: each phase runs on the view the previous one left,
+            # instead of waiting a timer tick for its own patch to come back.
+            batch = batch.after(step)
+            await self._dispatch(batch, step, now)
         if step.phase in TERMINAL:
             await self._settle(batch, step, now)
             self.runs.forget(batch.uid)

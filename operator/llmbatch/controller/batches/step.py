@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmbatch.api.resources import (
@@ -61,6 +61,11 @@ class BatchView:
             spec=BatchSpec.model_validate(body.get("spec") or {}),
             status=BatchStatus.model_validate(body.get("status") or {}),
         )
+
+    def after(self, step: Step) -> BatchView:
+        """This batch as it will be once ``step``'s status patch has landed."""
+        changed = {name: getattr(step.patch, name) for name in step.patch.model_fields_set}
+        return replace(self, status=self.status.model_copy(update=changed))
 
     def has_condition(self, kind: str) -> bool:
         return any(c.type == kind and c.status == "True" for c in self.status.conditions or [])
