@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from llmbatch.api.shard import ShardSpec
-from llmbatch.api.slot import Assignment, SlotHeartbeat
+from llmbatch.api.slot import Assignment, SlotHeartbeat, SlotSpec
 from llmbatch.core import keys
 from llmbatch.executor.engines.simulated import SimulatedEngine
 from llmbatch.executor.runner import Outcome, ShardRunner
@@ -159,6 +159,42 @@ def test_no_more_shards_at_once_than_the_concurrency(tmp_path: Path) -> None:
     assert most == 2
     for spec in specs:
         assert len(rig.done_ids(spec)) == 4
+
+
+@pytest.mark.parametrize(
+    ("configured", "max_num_seqs", "expected"), [(None, 32, 4), (None, 256, 8), (3, 32, 3)]
+)
+def test_a_slot_sizes_its_concurrency_from_its_engine_unless_the_pool_says(
+    tmp_path: Path, configured: int | None, max_num_seqs: int, expected: int
+) -> None:
+    """A pool without slotConcurrency leaves it to the slot: one shard per 8 sequences of the
+    loaded engine (the CPU vLLM engine runs 32, vLLM's GPU default 256), reported in the
+    heartbeat, where the pool scheduler reads the slot's room from."""
+    rig = Rig(tmp_path)
+    spec = SlotSpec(
+        pool="pool-a",
+        slot="slot-0",
+        store=rig.uri,
+        channel_prefix=CHANNEL,
+        model={"name": "m", "path": "/nowhere"},  # type: ignore[arg-type]
+        engine={"name": "simulated", "args": {}},  # type: ignore[arg-type]
+        concurrency=configured,
+        poll_seconds=0.05,
+    )
+
+    async def go() -> None:
+        engine = await _started(_engine(max_num_seqs=max_num_seqs))
+        settings = SlotSettings.of(spec, engine)
+        assert settings.concurrency == expected
+        slot = Slot(
+            engine, ChannelAssignments(rig.channel), lambda _: (rig.store, rig.store), settings
+        )
+        assert await slot.run() is Outcome.DONE  # nothing assigned, idleSeconds 0: it exits
+
+    _run(go)
+    beat = rig.channel.heartbeat()
+    assert beat is not None
+    assert beat.concurrency == expected
 
 
 def test_a_revoked_shard_stops_keeps_its_results_and_resumes_when_assigned_again(

@@ -215,3 +215,31 @@ def test_a_kicked_pool_is_due_a_round_before_its_interval(h: ReconcilerHarness) 
     assert not pools.due("pool-a")  # the round that ran after the kick answered it
     h.now += h.config.reconcile_interval
     assert pools.due("pool-a")  # the interval passed
+
+
+def test_a_loaded_slot_takes_as_many_shards_as_its_heartbeat_says(h: ReconcilerHarness) -> None:
+    """The pool sets no slotConcurrency: before its engine loads a slot is assumed to take
+    max_num_seqs / 8 (vLLM's default 256: 8); once its heartbeat reports the engine's own
+    sizing (the CPU engine runs 32 sequences: 4), it gets no more than that."""
+    edit_pool(h, maxSlots=1)
+    first = submit(h, "batch-" + "m" * 24, requests=4)  # 2 shards
+    h.pool_round()
+    (slot,) = h.jobs()
+    name = slot["metadata"]["name"]
+    assert len(channel(h, name).assignments()) == 2
+    ch = channel(h, name)
+    running = [
+        ShardReport(key=k, generation=a.generation, state="running")
+        for k, a in ch.assignments().items()
+    ]
+    ch.write_heartbeat(
+        SlotHeartbeat(
+            slot=name, seq=1, state="ready", started_at=h.now, concurrency=3, shards=running
+        )
+    )
+    second = submit(h, "batch-" + "n" * 24, requests=8)  # 4 shards
+    h.pool_round()
+    assert len(ch.assignments()) == 3  # 1 more, not 6 more
+    assert lease_of(h, second, 0).slot == name  # type: ignore[attr-defined]
+    assert lease_of(h, second, 1) is None  # waits: the pool is full
+    assert lease_of(h, first, 1).slot == name  # type: ignore[attr-defined]

@@ -34,8 +34,11 @@ class SlotSpec(BaseModel):
     channel_prefix: str = Field(description="Key prefix of this slot's channel (no trailing `/`).")
     model: ModelRef
     engine: EngineSpec
-    concurrency: int = Field(
-        default=1, ge=1, description="Shards run at once on the one engine (spec.slotConcurrency)."
+    concurrency: int | None = Field(
+        default=1,
+        ge=1,
+        description="Shards run at once on the one engine (spec.slotConcurrency); null: sized "
+        "from the loaded engine's max_num_seqs (one shard per 8 sequences, 1..8).",
     )
     idle_seconds: float = Field(
         default=0.0,
@@ -139,6 +142,12 @@ class SlotHeartbeat(BaseModel):
     )
     state: Literal["starting", "ready", "draining", "exited"]
     engine_starts: int = Field(default=0, ge=0)
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Shards the slot runs at once, once its engine is loaded: the pool's "
+        "slotConcurrency, or sized from the engine's own max_num_seqs.",
+    )
     started_at: float = Field(description="Unix seconds the process started (slot clock).")
     ready_at: float | None = Field(default=None, description="When the engine was loaded.")
     busy_seconds: float = Field(

@@ -20,11 +20,10 @@ from llmbatch.controller.slotstate import (
     ObservedSlot,
     SlotRound,
     Work,
-    max_num_seqs,
     new_slot_name,
 )
 from llmbatch.core import keys
-from llmbatch.core.slots import Placement, slot_concurrency
+from llmbatch.core.slots import Placement
 from llmbatch.storage.base import ObjectStore
 
 ANNOTATION_MODEL = "llmbatch.io/model"
@@ -111,7 +110,8 @@ class SlotFleet:
             channel_prefix=prefix,
             model=ModelRef(name=model.name, path=model.source),
             engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
-            concurrency=slot_concurrency(pool.slot_concurrency, max_num_seqs(pool)),
+            # Unset in the pool: the slot sizes it from its loaded engine (heartbeat.concurrency).
+            concurrency=pool.slot_concurrency,
             idle_seconds=pool.idle_seconds,
             heartbeat_seconds=self.config.slot_heartbeat_seconds,
             poll_seconds=self.config.slot_poll_seconds,

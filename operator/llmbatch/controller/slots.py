@@ -89,12 +89,13 @@ def _work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
 
 
 def _views(live: list[ObservedSlot], capacity: int) -> list[SlotView]:
-    """The live slots as placement sees them."""
+    """The live slots as placement sees them: a loaded slot holds the shards its heartbeat says
+    it runs at once (sized from its engine when the pool does not say), others ``capacity``."""
     return [
         SlotView(
             name=s.name,
             load=len(s.assignments.keys() | s.running()),
-            capacity=capacity,
+            capacity=(s.heartbeat.concurrency if s.heartbeat else None) or capacity,
             ready=s.heartbeat is not None and s.heartbeat.state == "ready",
             open=s.open,
             model=s.model,

@@ -17,12 +17,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from llmbatch import logs
 from llmbatch.api.shard import ShardSpec
-from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat
+from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat, SlotSpec
+from llmbatch.core.slots import slot_concurrency
 from llmbatch.executor.engines.base import Engine, EngineRequest, EngineResult
 from llmbatch.executor.runner import Outcome, ShardRunner
 from llmbatch.storage.base import ObjectStore, StoreError
@@ -220,6 +221,20 @@ class SlotSettings:
     heartbeat_seconds: float = 5.0
     poll_seconds: float = 1.0
 
+    @classmethod
+    def of(cls, spec: SlotSpec, engine: Engine, **overrides: Any) -> SlotSettings:
+        """A pool slot's settings: its spec's, with the concurrency the pool left unset sized
+        from the loaded engine's own ``max_num_seqs`` (the operator learns it from the
+        heartbeat)."""
+        settings = cls(
+            name=spec.slot,
+            concurrency=spec.concurrency or slot_concurrency(None, engine.max_num_seqs),
+            idle_seconds=spec.idle_seconds,
+            heartbeat_seconds=spec.heartbeat_seconds,
+            poll_seconds=spec.poll_seconds,
+        )
+        return replace(settings, **overrides)
+
 
 @dataclass
 class Slot:
@@ -406,6 +421,7 @@ class Slot:
             seq=self._seq,
             state="exited" if final else "draining" if self._draining else "ready",
             engine_starts=1,
+            concurrency=self.settings.concurrency,
             started_at=self.started_at,
             ready_at=self.ready_at_wall,
             busy_seconds=round(busy, 3),

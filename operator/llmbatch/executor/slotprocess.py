@@ -75,13 +75,7 @@ async def execute_slot(spec: SlotSpec) -> ExitCode:
             engine,
             ChannelAssignments(channel),
             StoreCache((spec.store, store)).for_shard,
-            SlotSettings(
-                name=spec.slot,
-                concurrency=spec.concurrency,
-                idle_seconds=spec.idle_seconds,
-                heartbeat_seconds=spec.heartbeat_seconds,
-                poll_seconds=spec.poll_seconds,
-            ),
+            SlotSettings.of(spec, engine),
             process_started_at=started,
         )
         with stop_on_signals(slot.request_stop):

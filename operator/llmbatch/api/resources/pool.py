@@ -187,7 +187,8 @@ class BatchPoolSpec(CRModel):
     max_slots: Annotated[int, Field(ge=1, le=1024)] = 1
     """Most slots (slot Jobs) running at once."""
     slot_concurrency: Annotated[int, Field(ge=1, le=64)] | None = None
-    """Shards one slot runs at once on its engine; unset: max_num_seqs / 8, between 1 and 8."""
+    """Shards one slot runs at once on its engine; unset: each slot sizes it from its loaded
+    engine, max_num_seqs / 8 between 1 and 8."""
     idle_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
     """A slot with nothing assigned exits after this long (scale to zero); 0: a slot exits as
     soon as its shards are done (a cold slot per burst of work)."""
