@@ -183,16 +183,17 @@ def _shard_counts(store_root: pathlib.Path, pool: str) -> dict[str, tuple[str, i
 def test_an_expedited_batch_overtakes_inside_a_busy_slot(
     cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
 ) -> None:
-    """One slot, one engine answering 2 requests at a time, a standard shard keeping 32 in it:
-    an expedited batch placed beside it is answered ahead of the ~30 standard requests queued in
-    the engine (request priority per tier), and the standard batch loses nothing."""
+    """One slot, one engine answering 2 requests at a time, a standard shard keeping 30 in it
+    and holding the slot's only seat: an expedited batch starts at once in the slot's express
+    seat and is answered ahead of the ~28 standard requests queued in the engine (request
+    priority per tier), and the standard batch loses nothing."""
     pool = make_pool(
         cluster,
         tmp_path,
         max_slots=1,
         shard_requests=100,
-        engine_args=["--latency-seconds=0.5", "--max-num-seqs=16", "--max-running=2"],
-    )  # slotConcurrency 16 // 8 = 2: a seat for the expedited shard
+        engine_args=["--latency-seconds=0.5", "--max-num-seqs=15", "--max-running=2"],
+    )  # the slot sizes slotConcurrency 15 // 8 = 1: the standard shard fills it
     standard = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(80))
     store = operator_process.store_root
 
@@ -206,11 +207,14 @@ def test_an_expedited_batch_overtakes_inside_a_busy_slot(
     standard_uid = get_batch(cluster, namespace, standard)["metadata"]["uid"]
     expedited_uid = get_batch(cluster, namespace, expedited)["metadata"]["uid"]
 
-    def progress() -> tuple[int, tuple[str, int] | None]:
+    def progress() -> tuple[int | None, tuple[str, int] | None]:
+        """Answered so far by the standard shard (None once it no longer runs on the slot) and
+        the expedited shard's (state, answered) report."""
         counts = _shard_counts(store, pool)
-        return counts.get(f"{standard_uid}-00000", ("", 0))[1], counts.get(f"{expedited_uid}-00000")
+        std = counts.get(f"{standard_uid}-00000")
+        return (None if std is None else std[1]), counts.get(f"{expedited_uid}-00000")
 
-    seen: dict[str, list[int]] = {"start": [], "end": []}
+    seen: dict[str, list[int | None]] = {"start": [], "end": []}
 
     def expedited_finished() -> bool:
         std, exp = progress()
@@ -222,9 +226,13 @@ def test_an_expedited_batch_overtakes_inside_a_busy_slot(
         return False
 
     wait_for(expedited_finished, 120, "the expedited shard's results", operator_process.logs)
-    # standard requests answered between the expedited shard's start and its last result: the
-    # two running when it came (plus a heartbeat's worth), not the ~30 queued ahead of it
-    assert seen["end"][0] - seen["start"][0] <= 12, seen
+    # it ran beside the standard shard, which held the only seat (no waiting for the seat) ...
+    start, end = seen["start"][0], seen["end"][0]
+    assert start is not None, f"the expedited shard waited for the standard one to end: {seen}"
+    assert end is not None, f"the standard shard ended before the expedited one: {seen}"
+    # ... and the standard requests answered between its start and its last result are the
+    # two running when it came (plus a heartbeat's worth), not the ~28 queued ahead of it
+    assert end - start <= 12, seen
     for name, total in ((expedited, 4), (standard, 80)):
         status = wait_status(cluster, operator_process, namespace, name, {"completed"})["status"]
         outputs = read_lines(operator_process, namespace, status["outputFileID"])

@@ -197,6 +197,37 @@ def test_a_slot_sizes_its_concurrency_from_its_engine_unless_the_pool_says(
     assert beat.concurrency == expected
 
 
+def test_an_expedited_shard_starts_at_once_on_a_full_slot_in_its_express_seat(
+    tmp_path: Path,
+) -> None:
+    """Concurrency 1, a long standard shard running: an expedited shard assigned next starts at
+    once beside it (the express seat), while another standard shard waits for the seat."""
+    rig = Rig(tmp_path)
+    long = rig.shard("a", 40, max_in_flight=1)
+    waiting = rig.shard("b", 2)
+    urgent = rig.shard("c", 2, tier="expedited")
+    started: dict[str, float] = {}
+
+    async def go() -> None:
+        engine = await _started(_engine(latency_seconds=0.05))
+        slot = rig.slot(engine, concurrency=1)
+        slot.on_runner = lambda r: started.setdefault(r.spec.batch_uid, time.monotonic())
+        rig.assign(long, when=0.0)
+        task = asyncio.ensure_future(slot.run())
+        await _until(lambda: "a" in started)
+        rig.assign(waiting, when=1.0)
+        rig.assign(urgent, when=2.0)
+        await _until(lambda: "c" in started)
+        assert "b" not in started  # the standard one still waits for the seat
+        assert not task.done()  # the long shard still runs beside the expedited one
+        assert await task is Outcome.DONE
+
+    _run(go)
+    assert started["a"] < started["c"] < started["b"]
+    for spec, requests in ((long, 40), (waiting, 2), (urgent, 2)):
+        assert len(set(rig.done_ids(spec))) == len(rig.done_ids(spec)) == requests
+
+
 def test_a_revoked_shard_stops_keeps_its_results_and_resumes_when_assigned_again(
     tmp_path: Path,
 ) -> None:
@@ -326,6 +357,28 @@ def test_a_slot_kept_warm_outlives_its_idle_time_until_the_mark_is_gone(tmp_path
         assert not task.done()
         rig.assign(rig.shard("a", 2))  # and it still runs what comes
         await _until(lambda: len(rig.done_ids(rig.shard("a", 2))) == 2)
+        rig.channel.keep_warm(False)
+        assert await asyncio.wait_for(task, 5) is Outcome.DONE
+
+    _run(go)
+
+
+def test_a_kept_slot_never_exits_between_its_keep_check_and_its_exit_check(tmp_path: Path) -> None:
+    """The keep mark is read when the idle time has run out, and the exit is decided on that
+    same reading: time passing between the two (a slow heartbeat write) must not let a kept
+    slot exit. A clock that moves on at every read forces that interleaving every loop."""
+    rig = Rig(tmp_path)
+    ticks = iter(range(10**9))
+
+    async def go() -> None:
+        engine = await _started(_engine())
+        slot = rig.slot(engine, idle_seconds=2.5)
+        slot.clock = lambda: float(next(ticks))  # one second per read
+        slot.__post_init__()  # re-anchor its idle timer on this clock
+        rig.channel.keep_warm(True)
+        task = asyncio.ensure_future(slot.run())
+        await asyncio.sleep(0.5)  # ten polls, each well past the idle time on this clock
+        assert not task.done(), "a kept slot exited"
         rig.channel.keep_warm(False)
         assert await asyncio.wait_for(task, 5) is Outcome.DONE
 

@@ -12,6 +12,7 @@ from llmbatch.core.slots import (
     lease_lapsed,
     place,
     preemption_victims,
+    seats,
     slot_concurrency,
 )
 
@@ -54,6 +55,23 @@ def test_a_draining_slot_takes_nothing_and_does_not_count_as_open() -> None:
     result = place([shard("a")], slots, desired=1, capacity=4)
     assert result.assign == []
     assert [[q.batch for q in g] for g in result.new_slots] == [["a"]]
+
+
+def test_an_expedited_shard_takes_the_express_seat_of_a_full_slot_only_when_none_has_room() -> None:
+    full = SlotView("full", load=2, capacity=2, ready=True, model="m")
+    result = place([shard("s"), shard("e", tier="expedited")], [full], desired=1, capacity=2)
+    assert [(q.batch, s) for q, s in result.assign] == [("e", "full")]  # overtakes the wait
+    assert [q.batch for q in result.waiting] == ["s"]  # standard work waits for a seat
+    # one express seat: a second expedited shard waits (or preempts) like the rest
+    result = place([shard(f"e{i}", tier="expedited") for i in range(2)], [full], 1, capacity=2)
+    assert [q.batch for q, _ in result.assign] == ["e0"]
+    assert [q.batch for q in result.waiting] == ["e1"]
+    # a slot with a seat free is used before the express seat of a full one
+    roomy = SlotView("roomy", load=0, capacity=2, ready=True, model="m")
+    result = place([shard("e", tier="expedited")], [full, roomy], desired=2, capacity=2)
+    assert [s for _, s in result.assign] == ["roomy"]
+    assert seats(2, "expedited") == 3
+    assert seats(2, "standard") == seats(2, "flex") == 2
 
 
 def _running(batch: str, tier: str, created: float, preemptions: int = 0, model: str = "m") -> Any:

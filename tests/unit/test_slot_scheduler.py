@@ -103,12 +103,21 @@ def test_expedited_takes_a_standard_shard_back_from_a_full_slot(h: ReconcilerHar
     standard = submit(h, "batch-" + "d" * 24, requests=2)
     h.pool_round()
     (slot,) = h.jobs()
-    beat(h, slot["metadata"]["name"])
-    submit(h, "batch-" + "e" * 24, requests=2, priority="expedited")
+    name = slot["metadata"]["name"]
+    beat(h, name)
+    first = submit(h, "batch-" + "e" * 24, requests=2, priority="expedited")
     h.pool_round()
+    # the first expedited shard takes the full slot's express seat: nothing is taken back
+    assert "Preempted" not in h.reasons()
+    assert lease_of(h, first).slot == name  # type: ignore[attr-defined]
+    beat(h, name, seq=2)
+    second = submit(h, "batch-" + "k" * 24, requests=2, priority="expedited")
+    h.pool_round()  # the second finds no seat at all: the standard shard is taken back
     assert "Preempted" in h.reasons()
-    assert channel(h, slot["metadata"]["name"]).assignments() == {}  # taken back
+    held = channel(h, name).assignments()
+    assert len(held) == 1  # only the first expedited shard is left on the slot
     assert lease_of(h, standard).preemptions == 1  # type: ignore[attr-defined]
+    assert lease_of(h, second) is None  # it gets the place once the standard shard has stopped
 
 
 def test_scale_down_drains_idle_slots(h: ReconcilerHarness) -> None:

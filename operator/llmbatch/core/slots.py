@@ -17,6 +17,15 @@ from llmbatch.core.tiers import TIER_RANK
 
 #: Shards a slot runs at once when the pool does not say (see :func:`slot_concurrency`).
 MAX_DEFAULT_CONCURRENCY = 8
+#: Shards a slot takes beyond its concurrency for expedited work only: an expedited batch starts
+#: at once on a full slot, its requests overtaking the queued ones inside the engine (priority
+#: scheduling), instead of waiting for a seat to free or for preemption.
+EXPRESS_SEATS = 1
+
+
+def seats(concurrency: int, tier: str) -> int:
+    """Shards a slot of ``concurrency`` may hold when it is given one more of ``tier``."""
+    return concurrency + (EXPRESS_SEATS if tier == "expedited" else 0)
 
 
 def slot_concurrency(configured: int | None, max_num_seqs: int) -> int:
@@ -58,20 +67,27 @@ class Placement:
 def place(
     queued: Iterable[QueuedShard], slots: Sequence[SlotView], desired: int, capacity: int
 ) -> Placement:
-    """Give the queue head to slots with room, then to new slots up to ``desired`` open slots."""
+    """Give the queue head to slots with room, then to new slots up to ``desired`` open slots.
+
+    A slot has room for a shard while it holds fewer than its capacity; an expedited shard that
+    finds no such slot takes the express seat of a full one (:func:`seats`).
+    """
     result = Placement()
-    free = {s.name: s.capacity - s.load for s in slots if s.open and s.capacity > s.load}
+    load = {s.name: s.load for s in slots if s.open}
     ranked = sorted(
-        (s for s in slots if s.name in free), key=lambda s: (not s.ready, free[s.name], s.name)
+        (s for s in slots if s.open), key=lambda s: (not s.ready, s.capacity - s.load, s.name)
     )
     startable = max(0, desired - sum(1 for s in slots if s.open))
     for shard in order_queue(queued):
-        slot = next((s for s in ranked if s.model == shard.model and free[s.name] > 0), None)
+        fits = [s for s in ranked if s.model == shard.model]
+        slot = next((s for s in fits if load[s.name] < s.capacity), None) or next(
+            (s for s in fits if load[s.name] < seats(s.capacity, shard.tier)), None
+        )
         filling = next(
             (g for g in result.new_slots if g[0].model == shard.model and len(g) < capacity), None
         )
         if slot is not None:
-            free[slot.name] -= 1
+            load[slot.name] += 1
             result.assign.append((shard, slot.name))
         elif filling is not None:
             filling.append(shard)

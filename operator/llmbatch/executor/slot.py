@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from llmbatch import logs
 from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat, SlotSpec
-from llmbatch.core.slots import slot_concurrency
+from llmbatch.core.slots import seats, slot_concurrency
+from llmbatch.core.tiers import TIER_RANK
 from llmbatch.executor.engines.base import Engine, EngineRequest, EngineResult
 from llmbatch.executor.runner import Outcome, ShardRunner
 from llmbatch.storage.base import ObjectStore, StoreError
@@ -255,6 +256,7 @@ class Slot:
     _stopping: bool = field(default=False, init=False)
     _draining: bool = field(default=False, init=False)
     _kept: bool = field(default=False, init=False)
+    _idle_out: bool = field(default=False, init=False)
     _seq: int = field(default=0, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
@@ -312,7 +314,10 @@ class Slot:
             if not self._draining and await self.source.drain_requested():
                 log.info("slot %s: drain requested", self.settings.name)
                 self._draining = True
-            if not self._running and self._idle_for() >= self.settings.idle_seconds:
+            # The idle time is read once a loop, here: the exit check (_finished) decides on
+            # this reading and the keep mark read with it, never on a later clock.
+            self._idle_out = not self._running and self._idle_for() >= self.settings.idle_seconds
+            if self._idle_out:
                 self._kept = not self.source.fixed and await self.source.keep_warm()
         except StoreError as exc:  # the channel is unreachable: keep running what we have
             log.warning("slot %s: assignments unreadable: %s", self.settings.name, exc)
@@ -333,9 +338,14 @@ class Slot:
     def _start(self, assigned: dict[str, Assignment]) -> None:
         if self._stopping or self._draining or self._engine_failed():
             return
-        for key, assignment in sorted(assigned.items(), key=lambda kv: kv[1].assigned_at):
-            if len(self._running) >= self.settings.concurrency:
-                return
+        # Higher tiers first, then the oldest assignment; an expedited shard may take the
+        # express seat beyond the concurrency (core.slots.seats), as the scheduler placed it.
+        order = sorted(
+            assigned.items(), key=lambda kv: (TIER_RANK[kv[1].shard.tier], kv[1].assigned_at)
+        )
+        for key, assignment in order:
+            if len(self._running) >= seats(self.settings.concurrency, assignment.shard.tier):
+                continue
             if key in self._running or self._ended(key, assignment):
                 continue
             self._launch(key, assignment)
@@ -403,7 +413,7 @@ class Slot:
             return False
         if self.source.fixed:
             return True
-        return self._idle_for() >= self.settings.idle_seconds and not self._kept
+        return self._idle_out and not self._kept
 
     def _idle_for(self) -> float:
         return self.clock() - self._idle_since
