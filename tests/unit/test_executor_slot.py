@@ -363,6 +363,30 @@ def test_a_slot_kept_warm_outlives_its_idle_time_until_the_mark_is_gone(tmp_path
     _run(go)
 
 
+def test_a_shard_end_is_reported_at_once_not_at_the_next_heartbeat(tmp_path: Path) -> None:
+    """The heartbeat renews leases every heartbeat_seconds, but a shard that ended is reported
+    at once: the scheduler frees its seat (and settles it) without waiting for the renewal."""
+    rig = Rig(tmp_path)
+    spec = rig.shard("a", 2)
+
+    async def go() -> None:
+        engine = await _started(_engine())
+        slot = rig.slot(engine, idle_seconds=30, heartbeat_seconds=60)
+        rig.assign(spec)
+        task = asyncio.ensure_future(slot.run())
+
+        def reported_done() -> bool:
+            beat = rig.channel.heartbeat()
+            return beat is not None and [r.state for r in beat.shards] == ["done"]
+
+        await _until(reported_done, timeout=3)  # a minute before the next renewal is due
+        assert not task.done()
+        slot.request_stop()
+        await task
+
+    _run(go)
+
+
 def test_a_kept_slot_never_exits_between_its_keep_check_and_its_exit_check(tmp_path: Path) -> None:
     """The keep mark is read when the idle time has run out, and the exit is decided on that
     same reading: time passing between the two (a slow heartbeat write) must not let a kept

@@ -382,6 +382,7 @@ class Slot:
             outcome = run.task.result()
             self.outcomes.append(outcome)
             self.reports[key] = self._report(key, run, _STATE[outcome])
+            self._last_heartbeat = -float("inf")  # report the end now: its seat frees sooner
             if not self._running:
                 self._idle_since = self.clock()
 
@@ -419,7 +420,8 @@ class Slot:
         return self.clock() - self._idle_since
 
     async def _heartbeat(self, *, final: bool = False) -> None:
-        """Renew the leases (a new ``seq``) every ``heartbeat_seconds``; drop what was revoked."""
+        """Renew the leases (a new ``seq``) every ``heartbeat_seconds``, and at once when a shard
+        run has ended, so the scheduler settles it and fills its seat without waiting."""
         now = self.clock()
         if not final and now - self._last_heartbeat < self.settings.heartbeat_seconds:
             return
