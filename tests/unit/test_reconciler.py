@@ -255,3 +255,19 @@ def test_the_shard_specs_carry_the_batch_tier_to_the_engine(
     for index in range(len(h.status(BATCH)["shards"])):
         raw = h.store.get(keys.shard_spec_key(TENANT, uid, index))
         assert ShardSpec.model_validate_json(raw).tier == tier
+
+
+def test_running_batches_read_their_pool_once_an_interval(h: ReconcilerHarness) -> None:
+    """Every step of a running batch needs its pool; the reconciler reads it from the API at
+    most once per reconcile interval (a few hundred batches would otherwise read one object a
+    hundred times a second), and sees an edit an interval later."""
+    submit(h, requests=5)
+    h.step(BATCH)  # validated, shard specs written
+    h.kube.calls.clear()
+    for _ in range(4):
+        h.step(BATCH, advance=0.25)  # four steps within one 2 s interval
+    reads = [c for c in h.kube.calls if c[:2] == ("get", "batchpools")]
+    assert len(reads) <= 1
+    h.now += h.config.reconcile_interval
+    h.step(BATCH)
+    assert len([c for c in h.kube.calls if c[:2] == ("get", "batchpools")]) == len(reads) + 1

@@ -61,11 +61,25 @@ class BatchReconciler:
         # uid -> (phase we patched, when): a trigger that still sees the old phase holds a stale
         # body (kopf applies patches after the handler returns) and must not act on it.
         self._patched_phase: dict[str, tuple[Phase | None, float]] = {}
+        self._pools: dict[str, tuple[float, BatchPoolSpec | None]] = {}  # name -> (read at, spec)
 
     async def pool(self, name: str | None) -> BatchPoolSpec | None:
-        """The spec of BatchPool ``name``, or None when there is none (deleted)."""
-        pool = await self.kube.get_custom("batchpools", None, name) if name else None
-        return None if pool is None else BatchPoolSpec.model_validate(pool.get("spec") or {})
+        """The spec of BatchPool ``name``, or None when there is none (deleted).
+
+        Read at most once per reconcile interval per pool: every running batch asks for its
+        pool on every step, and a few hundred batches would otherwise read one object from the
+        API server a hundred times a second. An edit or a deletion is seen an interval later.
+        """
+        if not name:
+            return None
+        now = self.clock()
+        cached = self._pools.get(name)
+        if cached is not None and now - cached[0] < self.config.reconcile_interval:
+            return cached[1]
+        body = await self.kube.get_custom("batchpools", None, name)
+        spec = None if body is None else BatchPoolSpec.model_validate(body.get("spec") or {})
+        self._pools[name] = (now, spec)
+        return spec
 
     # --- entry point ---------------------------------------------------------------------------
 
