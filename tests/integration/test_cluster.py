@@ -647,3 +647,39 @@ def test_orphans_of_a_finished_pod_are_reaped(kube: Kube, dev_cluster: DevCluste
         timeout=15,
         what=f"the supervisor's adopted zombies to be reaped: {_zombie_children(supervisor)}",
     )
+
+
+def test_the_client_lists_jobs_and_pods_as_the_api_sent_them(kube: Kube) -> None:
+    """``KubeClient.list_jobs`` / ``list_pods`` parse the API's JSON once (no generated models):
+    the same objects kubectl sees, camelCase, selected by label; an API error is the
+    ``ApiException`` with its status, as for every other call."""
+    from llmbatch.kube import KubeClient
+
+    for name, labels in (("listed", {"app": "listed"}), ("other", {"app": "other"})):
+        manifest = job(name, "print('hi')", suspend=True)
+        manifest["metadata"]["labels"] = labels
+        manifest["spec"]["template"]["metadata"] = {"labels": labels}
+        kube.apply(manifest)
+
+    async def go() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None]:
+        client = await KubeClient.connect(str(kube.kubeconfig))
+        try:
+            jobs = await client.list_jobs(kube.namespace, "app=listed")
+            pods = await client.list_pods(kube.namespace, "app=listed")
+            try:
+                await client.list_jobs(kube.namespace, "app in (")  # a bad selector: 400
+                status = None
+            except ApiException as exc:
+                status = exc.status
+            return jobs, pods, status
+        finally:
+            await client.close()
+
+    jobs, pods, status = asyncio.run(go())
+    expected = kube.get("jobs", selector="app=listed")
+    assert [j["metadata"]["name"] for j in jobs] == ["listed"]
+    assert jobs[0]["metadata"]["uid"] == expected[0]["metadata"]["uid"]
+    assert jobs[0]["spec"]["suspend"] is True  # camelCase fields, as sent
+    assert jobs[0]["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert pods == []  # suspended: no pod
+    assert status == 400

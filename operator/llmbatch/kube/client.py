@@ -16,6 +16,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self, TypeVar
 
+import orjson
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -72,6 +73,29 @@ class KubeClient:
                     raise
                 await asyncio.sleep(0.1 * (attempt + 1) ** 2)
         raise AssertionError("unreachable")
+
+    async def call_json(
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    ) -> dict[str, Any]:
+        """:meth:`call` answered with the plain dict the API sent, parsed once: the generated
+        client would build a model object of every item and the caller serialize it back (for a
+        listing of Jobs that round trip cost ten times the parse)."""
+
+        async def fetch(*fetch_args: Any, **fetch_kwargs: Any) -> dict[str, Any]:
+            response = await fn(*fetch_args, _preload_content=False, **fetch_kwargs)
+            try:
+                data = await response.read()
+                if not 200 <= response.status <= 299:
+                    error = ApiException(status=response.status, reason=response.reason)
+                    error.body = data
+                    error.headers = response.headers
+                    raise error
+                parsed: dict[str, Any] = orjson.loads(data)
+                return parsed
+            finally:
+                response.release()
+
+        return await self.call(fetch, *args, **kwargs)
 
     def plain(self, obj: Any) -> dict[str, Any]:
         """A generated model object as the camelCase dict the API sends."""
@@ -326,10 +350,10 @@ class KubeClient:
         return self.plain(await self.call(self.batch.read_namespaced_job, name, namespace))
 
     async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        listing = await self.call(
+        listing = await self.call_json(
             self.batch.list_namespaced_job, namespace, label_selector=selector
         )
-        return [self.plain(job) for job in listing.items]
+        return list(listing.get("items") or [])
 
     async def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         await self.call(self.batch.patch_namespaced_job, name, namespace, patch)
@@ -345,8 +369,10 @@ class KubeClient:
                 raise
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        listing = await self.call(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        return [self.plain(pod) for pod in listing.items]
+        listing = await self.call_json(
+            self.core.list_namespaced_pod, namespace, label_selector=selector
+        )
+        return list(listing.get("items") or [])
 
     async def delete_pods(self, namespace: str, selector: str) -> None:
         """Delete the pods of deleted Jobs that the garbage collector has not reached yet."""
