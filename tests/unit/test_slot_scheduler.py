@@ -252,3 +252,26 @@ def test_a_loaded_slot_takes_as_many_shards_as_its_heartbeat_says(h: ReconcilerH
     assert lease_of(h, second, 0).slot == name  # type: ignore[attr-defined]
     assert lease_of(h, second, 1) is None  # waits: the pool is full
     assert lease_of(h, first, 1).slot == name  # type: ignore[attr-defined]
+
+
+def test_a_seat_freed_by_an_ended_run_is_filled_in_the_same_round(h: ReconcilerHarness) -> None:
+    """The round that settles a shard run the slot reported ended also gives its seat to the
+    next shard: a seat turns over in one round, not two."""
+    edit_pool(h, maxSlots=1, slotConcurrency=1)
+    name = submit(h, "batch-" + "p" * 24, requests=4)  # 2 shards of 2
+    h.pool_round()
+    (slot,) = h.jobs()
+    assert lease_of(h, name, 1) is None  # one seat: the second shard waits
+    slot_name = slot["metadata"]["name"]
+    assert h.run_slot(slot, {0}, exits=False).value == "done"
+    ch = channel(h, slot_name)
+    (key,) = ch.assignments()
+    ended = ch.heartbeat().shards  # type: ignore[union-attr]
+    assert [(r.key, r.state) for r in ended] == [(key, "done")]
+    # the slot lives on, loaded, and reports shard 0 ended
+    ch.write_heartbeat(
+        SlotHeartbeat(slot=slot_name, seq=5, state="ready", started_at=h.now, shards=ended)
+    )
+    h.pool_round()
+    assert lease_of(h, name, 0).state == "done"  # type: ignore[attr-defined]
+    assert lease_of(h, name, 1).slot == slot["metadata"]["name"]  # type: ignore[attr-defined]

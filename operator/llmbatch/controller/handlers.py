@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -27,6 +28,8 @@ from llmbatch.core.lifecycle import TERMINAL
 from llmbatch.storage import open_store
 
 FINALIZER = "llmbatch.io/finalizer"
+#: Threads for the store calls of every batch and pool (blocking I/O, not CPU).
+STORE_THREADS = 32
 INTERVAL = float(os.environ.get("LLMBATCH_RECONCILE_INTERVAL", "2"))
 #: The tenant namespaces whose Batches this operator serves (LLMBATCH_NAMESPACES; empty: all).
 #: kopf itself always watches cluster-wide: BatchPools are cluster-scoped and the peering object
@@ -40,6 +43,11 @@ _locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = OperatorConfig.from_env()
+    # Store calls run in threads (asyncio.to_thread); the default pool of cpu_count + 4 threads
+    # queues a few hundred batches' reads behind each other, on the filesystem store and S3 alike.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="llmbatch-store")
+    )
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="llmbatch.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(

@@ -150,7 +150,8 @@ class SlotScheduler:
             elif slot.outdated:
                 await self.fleet.retire(namespace, slot, result)
         live = [s for s in slots if s.lost is None]
-        waiting = [w for w in work.values() if w.key not in held and await self._queued(w)]
+        candidates = [w for w in work.values() if w.key not in held]
+        waiting = await asyncio.to_thread(self._waiting, candidates)
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
         views = _views(live, capacity)
         placement = place((w.queued for w in waiting), views, desired, capacity)
@@ -192,8 +193,9 @@ class SlotScheduler:
     ) -> ObservedSlot:
         name = job["metadata"]["name"]
         channel = SlotChannel(self.store, keys.slot_prefix(pool_name, name))
-        heartbeat = await asyncio.to_thread(channel.heartbeat)
-        assignments = await asyncio.to_thread(channel.assignments)
+        heartbeat, assignments = await asyncio.to_thread(
+            lambda: (channel.heartbeat(), channel.assignments())
+        )
         seen = self._seen.get(name)
         if heartbeat is not None and (seen is None or seen[0] != heartbeat.seq):
             self._seen[name] = seen = (heartbeat.seq, now)
@@ -220,11 +222,16 @@ class SlotScheduler:
             if value > old:  # a restarted slot process starts its totals again from zero
                 metrics.SLOT_SECONDS.labels(pool_name, state).inc(value - old)
 
-    async def _queued(self, work: Work) -> bool:
-        """Whether a shard that no slot holds waits for one (not done, not given up)."""
-        lease = await asyncio.to_thread(read_lease, self.store, work.lease_key)
+    def _waiting(self, candidates: list[Work]) -> list[Work]:
+        """The shards no slot holds that wait for one (not done, not given up). One thread
+        call for all of them: with hundreds queued, a call each would wait its turn for a
+        thread hundreds of times behind every batch's own store reads."""
+        return [work for work in candidates if self._queued(work)]
+
+    def _queued(self, work: Work) -> bool:
+        lease = read_lease(self.store, work.lease_key)
         if lease is None:  # never placed: queued once the batch has written its spec
-            return await asyncio.to_thread(self.store.head, work.spec_key) is not None
+            return self.store.head(work.spec_key) is not None
         return lease.state in ("granted", "released")
 
     # --- settling ended runs -----------------------------------------------------------------
@@ -237,20 +244,21 @@ class SlotScheduler:
         result: SlotRound,
     ) -> tuple[set[str], list[RunningShard]]:
         """Fold ended runs into their leases and take back what must stop; the shards still
-        held by a slot and the running ones (preemption candidates)."""
+        held by a slot and the running ones (preemption candidates). What is taken back leaves
+        the slot's observed assignments too, so its seat is filled in this same round."""
         held: set[str] = set()
         running: list[RunningShard] = []
         for slot in slots:
             if slot.lost is None:
                 held |= slot.running()
             reports = {r.key: r for r in slot.heartbeat.shards} if slot.heartbeat else {}
-            for key, assignment in slot.assignments.items():
+            for key, assignment in list(slot.assignments.items()):
                 lease = await asyncio.to_thread(read_lease, self.store, lease_key(assignment))
                 if lease is None or (lease.generation, lease.slot) != (
                     assignment.generation,
                     slot.name,
                 ):
-                    await asyncio.to_thread(slot.channel.revoke, key)  # a stale grant
+                    await self._revoke(slot, key)  # a stale grant
                     continue
                 report = reports.get(key)
                 ended = (
@@ -260,18 +268,23 @@ class SlotScheduler:
                     await self._end_run(
                         pool, assignment, lease, ended.state, ended.message, work, result
                     )
-                    await asyncio.to_thread(slot.channel.revoke, key)
+                    await self._revoke(slot, key)
                 elif slot.lost is not None:
                     state = "preempted" if slot.exited else "lost"
                     if slot.lost.startswith("slot Job failed"):
                         state = "slot_failed"  # its pod's retries (backoffLimit) are spent
                     await self._end_run(pool, assignment, lease, state, slot.lost, work, result)
                 elif key not in work:  # the batch is stopping (cancel, expiry, pool deleted)
-                    await asyncio.to_thread(slot.channel.revoke, key)
+                    await self._revoke(slot, key)
                 else:
                     held.add(key)
                     running.append(RunningShard(work[key].queued, key, lease.preemptions))
         return held, running
+
+    @staticmethod
+    async def _revoke(slot: ObservedSlot, key: str) -> None:
+        await asyncio.to_thread(slot.channel.revoke, key)
+        slot.assignments.pop(key, None)
 
     async def _end_run(
         self,
