@@ -456,8 +456,8 @@ def test_expiry_reports_unrun_requests(
         tmp_path,
         max_slots=1,
         shard_requests=100,
-        engine_args=["--latency-seconds=0.5", "--max-num-seqs=1"],
-    )
+        engine_args=["--latency-seconds=2", "--max-num-seqs=1"],
+    )  # 2 requests in flight, 2 s each: the 60 need a minute, four times the window
     name = make_batch(
         cluster, tmp_path, namespace, pool=pool, requests=chat_requests(60), window="15s"
     )

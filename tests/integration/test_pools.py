@@ -91,16 +91,22 @@ def test_preemption_lets_expedited_start_at_once_without_duplicates(
         return counts.get("completed", 0) >= 4
 
     wait_for(some_done, 120, "standard batch under way", operator_process.logs)
-    expedited = make_batch(
-        cluster, tmp_path, namespace, pool=pool, requests=chat_requests(4), priority="expedited"
-    )
-    exp_status = wait_status(
-        cluster, operator_process, namespace, expedited, {"completed"}, timeout=120
-    )["status"]
+    # the slot's one seat (max_num_seqs 1) holds the standard shard: the first expedited batch
+    # takes the express seat beside it, the second finds no seat and takes the standard one's
+    expedited = [
+        make_batch(
+            cluster, tmp_path, namespace, pool=pool, requests=chat_requests(4), priority="expedited"
+        )
+        for _ in range(2)
+    ]
+    for name in expedited:
+        exp_status = wait_status(
+            cluster, operator_process, namespace, name, {"completed"}, timeout=120
+        )["status"]
+        errors = read_lines(operator_process, namespace, exp_status.get("errorFileID"))
+        assert exp_status["requestCounts"]["completed"] == 4, (errors, exp_status.get("shards"))
     still = get_batch(cluster, namespace, standard)["status"]
-    assert still["status"] == "in_progress", "the expedited batch had to wait for the slot"
-    errors = read_lines(operator_process, namespace, exp_status.get("errorFileID"))
-    assert exp_status["requestCounts"]["completed"] == 4, (errors, exp_status.get("shards"))
+    assert still["status"] == "in_progress", "the expedited batches had to wait for the slot"
     final = wait_status(cluster, operator_process, namespace, standard, {"completed"}, timeout=300)[
         "status"
     ]
