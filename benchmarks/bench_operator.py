@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
 """The operator under load on the local control plane, with the simulated engine.
 
-Creates N Batches at once (default 200, 10 requests each, inline) against one pool of 16 warm
-slots (``minSlots``: started and loaded before the batches come) and reports: CR create → first
-result (its first result chunk committed in the store) p50/p95, CR create → ``completed``
-p50/p95, the slots started, the operator's peak RSS, and API-server requests per batch (all
-clients, and the llmbatch.io resources alone), read from the API server's own
-``apiserver_request_total`` counter. The operator runs with its production intervals
-(reconcile 2 s, progress fold 5 s, slot poll 1 s).
+Creates N Batches at once (default 200, 10 requests each, inline; 32 create requests in flight)
+against one pool of 16 warm slots (``minSlots``: started and loaded before the batches come) and
+reports, each batch timed from the moment its create request was sent: → its first shard granted
+to a slot (the lease's ``grantedAt``) p50/p95, → first result (its first result chunk committed
+in the store) p50/p95, → ``completed`` p50/p95; the slots started, the operator's peak RSS, and
+API-server requests per batch (all clients, and the llmbatch.io resources alone), read from the
+API server's own ``apiserver_request_total`` counter. The operator runs with its production
+intervals (reconcile 2 s, progress fold 5 s, slot poll 1 s).
 
     .venv/bin/python benchmarks/bench_operator.py [--batches 200] [--requests 10]
+        [--slot-concurrency N]  # shards per slot; default: the pool default (unset)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import pathlib
@@ -26,9 +29,11 @@ import tempfile
 import time
 from typing import Any
 
+from llmbatch.api.slot import ShardLease
 from llmbatch.core import keys
 from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes, kubectl_binary
 from llmbatch.devcluster.controlplane import repo_root
+from llmbatch.kube import KubeClient
 
 MODEL = "sim-model"
 
@@ -64,17 +69,46 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def first_commits(kubeconfig: pathlib.Path, store: pathlib.Path) -> dict[str, float]:
-    """When each batch's first result chunk was committed (its file's mtime in the store):
-    the first result as the store has it, without the status fold's delay or polling."""
+def first_commits(
+    kubeconfig: pathlib.Path, store: pathlib.Path
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per batch, when its first shard was granted to a slot (the lease's ``grantedAt``) and
+    when its first result chunk was committed (the chunk file's mtime in the store): the first
+    result as the store has it, without the status fold's delay or polling."""
     batches = json.loads(kubectl(kubeconfig, "get", "batches", "-n", "bench", "-o", "json"))
-    firsts = {}
+    granted, firsts = {}, {}
     for batch in batches["items"]:
-        work = store / keys.work_prefix("bench", batch["metadata"]["uid"])
+        name, uid = batch["metadata"]["name"], batch["metadata"]["uid"]
+        work = store / keys.work_prefix("bench", uid)
         times = [p.stat().st_mtime for p in work.glob("shards/*/output-*")]
         if times:
-            firsts[batch["metadata"]["name"]] = min(times)
-    return firsts
+            firsts[name] = min(times)
+        lease = store / keys.shard_lease_key(keys.shard_prefix("bench", uid, 0))
+        if lease.exists():
+            granted[name] = ShardLease.model_validate_json(lease.read_bytes()).granted_at
+    return granted, firsts
+
+
+async def create_at_once(
+    kubeconfig: pathlib.Path, batches: list[dict[str, Any]]
+) -> dict[str, float]:
+    """Create the Batches concurrently (32 requests in flight, as many clients would), each
+    timed from just before its request is sent: the API server, not one client's sequence of
+    POSTs, sets the pace."""
+    kube = await KubeClient.connect(str(kubeconfig))
+    sent: dict[str, float] = {}
+    gate = asyncio.Semaphore(32)
+
+    async def create(body: dict[str, Any]) -> None:
+        async with gate:
+            sent[body["metadata"]["name"]] = time.time()
+            await kube.create_custom("batches", "bench", body)
+
+    try:
+        await asyncio.gather(*(create(b) for b in batches))
+    finally:
+        await kube.close()
+    return sent
 
 
 def wait_warm(store: pathlib.Path, slots: int, timeout: float = 300) -> None:
@@ -106,6 +140,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--slot-concurrency", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-operator-"))
@@ -139,7 +174,6 @@ def main() -> None:
                     "workerNamespace": "llmbatch-workers",
                     "maxSlots": args.slots,
                     "minSlots": args.slots,  # a warm pool: the slots start before the batches
-                    "slotConcurrency": 4,
                     "shardRequests": args.requests,
                     "throughputPerSlot": "1000",
                     "executor": {
@@ -150,6 +184,8 @@ def main() -> None:
                 },
             }
         )
+        if args.slot_concurrency is not None:
+            objects[-1]["spec"]["slotConcurrency"] = args.slot_concurrency
         kubectl(kc, "apply", "-f", "-", stdin="\n".join(json.dumps(o) for o in objects))
         env = {
             **os.environ,
@@ -190,13 +226,8 @@ def main() -> None:
             )
         before = request_counts(kc)
         started = time.time()
-        kubectl(
-            kc,
-            "create",
-            "-f",
-            "-",
-            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": batches}),
-        )
+        sent = asyncio.run(create_at_once(kc, batches))
+        print(f"created {len(sent)} batches in {max(sent.values()) - started:.1f} s (32 at a time)")
         done: dict[str, float] = {}
         slots: set[str] = set()
         while len(done) < args.batches and time.time() - started < args.timeout:
@@ -228,15 +259,22 @@ def main() -> None:
             time.sleep(1)
         after = request_counts(kc)
         rss = peak_rss_mib(operator.pid)
-        first_result = first_commits(kc, work / "store")
-        to_result = [t - started for t in first_result.values()]
-        to_done = [t - started for t in done.values()]
+        granted, first_result = first_commits(kc, work / "store")
+        to_grant = [t - sent[name] for name, t in granted.items()]
+        to_result = [t - sent[name] for name, t in first_result.items()]
+        to_done = [t - sent[name] for name, t in done.items()]
         print(
-            f"{args.batches} batches x {args.requests} requests, {args.slots} slots, "
+            f"{args.batches} batches x {args.requests} requests, {args.slots} slots x "
+            f"{args.slot_concurrency or 'default'} shards, "
             f"simulated engine; completion observed every ~1 s, first results from the store"
         )
         print(f"completed: {len(done)}/{args.batches} in {max(to_done, default=0):.0f} s")
         print(f"slots started         {len(slots)}")
+        if to_grant:
+            print(
+                f"create -> 1st grant   p50 {percentile(to_grant, 0.5):6.1f} s   "
+                f"p95 {percentile(to_grant, 0.95):6.1f} s"
+            )
         if to_result:
             print(
                 f"create -> 1st result  p50 {percentile(to_result, 0.5):6.1f} s   "
