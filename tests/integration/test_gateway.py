@@ -613,7 +613,9 @@ def test_metadata_limits(tenant: Tenant) -> None:
     assert create(client, file_id, metadata={"k" * 64: "v" * 512}).metadata
 
 
-def test_expedited_and_queue_limits(tenant_factory: TenantFactory) -> None:
+def test_expedited_and_queue_limits(
+    tenant_factory: TenantFactory, gateway_process: GatewayProcess
+) -> None:
     closed = tenant_factory(
         annotations={
             "llmbatch.io/expedited-disabled": "true",
@@ -621,15 +623,45 @@ def test_expedited_and_queue_limits(tenant_factory: TenantFactory) -> None:
         }
     )
     client = closed.client()
-    file_id = upload(client, jsonl([line(i) for i in range(3)]))
-    with pytest.raises(openai.BadRequestError) as err:
-        create(client, file_id, extra_body={"priority": "expedited"})
-    assert err.value.code == "expedited_not_allowed"
-    assert err.value.param == "priority"
-    assert create(client, file_id).id
-    with pytest.raises(openai.RateLimitError) as limited:
-        create(client, file_id)  # 3 queued + 3 > 5
-    assert limited.value.status_code == 429
+    # The queued batch must stay unfinished whether or not an operator runs in this session:
+    # one fails a file batch of this gateway's store at once (its store has no such bytes) and
+    # runs an inline one. So the queued batch is inline, and its model's only pool wants more
+    # GPUs per slot than a node has: its slot never starts and the batch stays in progress.
+    pool, model = f"pool-{uuid.uuid4().hex[:6]}", f"model-{uuid.uuid4().hex[:6]}"
+    gateway_process.kubectl(
+        "apply",
+        "-f",
+        "-",
+        obj={
+            "apiVersion": "llmbatch.io/v1alpha1",
+            "kind": "BatchPool",
+            "metadata": {"name": pool},
+            "spec": {
+                "models": [{"name": model, "source": "simulated"}],
+                "gpusPerSlot": 16,
+                "executor": {"engine": "simulated"},
+            },
+        },
+    )
+    try:
+        rows = [line(i, model=model) for i in range(3)]
+        file_id = upload(client, jsonl(rows))
+        with pytest.raises(openai.BadRequestError) as err:
+            create(client, file_id, extra_body={"priority": "expedited"})
+        assert err.value.code == "expedited_not_allowed"
+        assert err.value.param == "priority"
+        queued = client.post(
+            "/batches",
+            body={"requests": rows, "endpoint": CHAT, "completion_window": "24h"},
+            cast_to=openai.types.Batch,
+        )
+        assert queued.id
+        time.sleep(1)  # a running operator has acted on the batch by now: it still counts
+        with pytest.raises(openai.RateLimitError) as limited:
+            create(client, file_id)  # 3 queued + 3 > 5
+        assert limited.value.status_code == 429
+    finally:
+        gateway_process.kubectl("delete", "batchpool", pool, "--wait=false", check=False)
     open_tenant = tenant_factory()
     oc = open_tenant.client()
     batch = create(oc, upload(oc, jsonl([line(1)])), extra_body={"priority": "expedited"})
