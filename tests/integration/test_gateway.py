@@ -116,6 +116,17 @@ def batch_cr(gw: GatewayProcess, namespace: str, batch_id: str) -> dict[str, Any
     return obj
 
 
+def apply_pool(gw: GatewayProcess, name: str, spec: dict[str, Any]) -> None:
+    """``kubectl apply`` of the cluster-scoped BatchPool ``name`` (the test deletes it)."""
+    obj = {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "BatchPool",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    gw.kubectl("apply", "-f", "-", obj=obj)
+
+
 @pytest.fixture
 def tenant(tenant_factory: TenantFactory) -> Tenant:
     return tenant_factory()
@@ -364,27 +375,21 @@ def test_both_route_prefixes(tenant: Tenant) -> None:
 def test_models_catalog(tenant: Tenant, gateway_process: GatewayProcess) -> None:
     pool = f"pool-{uuid.uuid4().hex[:6]}"
     model = f"model-{uuid.uuid4().hex[:6]}"
-    gateway_process.kubectl(
-        "apply",
-        "-f",
-        "-",
-        obj={
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "BatchPool",
-            "metadata": {"name": pool},
-            "spec": {
-                "models": [{"name": model, "source": "/models/x", "revision": "abc"}],
-                "tiers": {
-                    "standard": {
-                        "drainTargetSeconds": 43200,
-                        "pricing": {"inputPerMillion": "0.22", "outputPerMillion": "0.44"},
-                    },
-                    "flex": {
-                        "drainTargetSeconds": 172800,
-                        "pricing": {"inputPerMillion": "0.15", "outputPerMillion": "0.30"},
-                    },
-                    "expedited": {"drainTargetSeconds": 600},
+    apply_pool(
+        gateway_process,
+        pool,
+        {
+            "models": [{"name": model, "source": "/models/x", "revision": "abc"}],
+            "tiers": {
+                "standard": {
+                    "drainTargetSeconds": 43200,
+                    "pricing": {"inputPerMillion": "0.22", "outputPerMillion": "0.44"},
                 },
+                "flex": {
+                    "drainTargetSeconds": 172800,
+                    "pricing": {"inputPerMillion": "0.15", "outputPerMillion": "0.30"},
+                },
+                "expedited": {"drainTargetSeconds": 600},
             },
         },
     )
@@ -628,19 +633,13 @@ def test_expedited_and_queue_limits(
     # runs an inline one. So the queued batch is inline, and its model's only pool wants more
     # GPUs per slot than a node has: its slot never starts and the batch stays in progress.
     pool, model = f"pool-{uuid.uuid4().hex[:6]}", f"model-{uuid.uuid4().hex[:6]}"
-    gateway_process.kubectl(
-        "apply",
-        "-f",
-        "-",
-        obj={
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "BatchPool",
-            "metadata": {"name": pool},
-            "spec": {
-                "models": [{"name": model, "source": "simulated"}],
-                "gpusPerSlot": 16,
-                "executor": {"engine": "simulated"},
-            },
+    apply_pool(
+        gateway_process,
+        pool,
+        {
+            "models": [{"name": model, "source": "simulated"}],
+            "gpusPerSlot": 16,
+            "executor": {"engine": "simulated"},
         },
     )
     try:

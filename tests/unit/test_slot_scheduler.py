@@ -217,7 +217,13 @@ def test_a_kicked_pool_is_due_a_round_before_its_interval(h: ReconcilerHarness) 
     h.pool_round()
     h.now += 0.5
     assert not pools.due("pool-a")  # within the interval, nothing asked for a round
-    pools.kick("pool-a")
+    pools.notice_batch(
+        {"status": "in_progress", "pool": "pool-a", "shards": [{"phase": "Running", "job": "s"}]}
+    )
+    assert not pools.due("pool-a")  # every shard placed: no kick
+    pools.notice_batch(
+        {"status": "in_progress", "pool": "pool-a", "shards": [{"phase": "Pending"}]}
+    )
     assert pools.due("pool-a")
     h.pool_round()
     h.now += 0.5

@@ -176,15 +176,9 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
     dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
     if dispatcher is not None:
         dispatcher.notice(body, deleted=event.get("type") == "DELETED")
-    status = body.get("status") or {}
-    if status.get("status") == "in_progress" and any(
-        shard.get("phase") == "Pending" and not shard.get("job")
-        for shard in status.get("shards") or []
-    ):
-        # Shards never placed yet: their pool places them in its next check, not next round.
-        scheduler: PoolScheduler | None = getattr(memo, "pools", None)
-        if scheduler is not None and status.get("pool"):
-            scheduler.kick(str(status["pool"]))
+    scheduler: PoolScheduler | None = getattr(memo, "pools", None)
+    if scheduler is not None:
+        scheduler.notice_batch(body.get("status") or {})
 
 
 @kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)

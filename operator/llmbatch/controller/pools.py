@@ -91,6 +91,19 @@ class PoolScheduler:
         instead of at the next interval (the pool timer checks :meth:`due` often)."""
         self._kicks[name] = self._kicks.get(name, 0) + 1
 
+    def notice_batch(self, status: dict[str, Any]) -> None:
+        """Kick the pool of a running batch whose status shows shards never placed: the pool
+        places them at its next check, not at its next round."""
+        if (
+            status.get("status") == "in_progress"
+            and status.get("pool")
+            and any(
+                shard.get("phase") == "Pending" and not shard.get("job")
+                for shard in status.get("shards") or []
+            )
+        ):
+            self.kick(str(status["pool"]))
+
     def due(self, name: str) -> bool:
         """Whether pool ``name`` needs a round now: its interval has passed since the last one
         started, or a batch kicked it after that round started."""
