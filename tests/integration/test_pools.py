@@ -70,7 +70,8 @@ def test_expedited_runs_next_and_flex_waits_behind_both(
             cluster, operator_process, namespace, name, {"completed"}, timeout=300
         )["status"]["completedAt"]
     assert done[expedited] <= done[standard] <= done[flex]
-    assert done[first] <= done[expedited]
+    # No order between `first` and the expedited batch: the expedited shard takes the full
+    # slot's express seat and runs beside `first` (docs/pools.md), so either may end first.
     flex_status = get_batch(cluster, namespace, flex)["status"]
     assert flex_status["expiresAt"] - flex_status["createdAt"] == 72 * 3600
 
