@@ -20,7 +20,7 @@ from llmbatch.controller import metrics
 from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import REQUEST_TIMEOUT, Kube
-from llmbatch.controller.pools import PoolScheduler
+from llmbatch.controller.pools import PoolScheduler, running_entry
 from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.controller.webhooks import WebhookDispatcher
 from llmbatch.core.ids import batch_id_from_name
@@ -189,6 +189,14 @@ async def webhook_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         dispatcher.notice_webhook(body)
 
 
+@kopf.index(GROUP, VERSION, "batches", when=_served)
+async def running_batches(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    """The running batches by pool, kept from the watch: a pool round reads these instead of
+    listing every Batch (kopf fills the index before any timer runs, so a restarted operator's
+    first round sees every running batch)."""
+    return running_entry(dict(body))
+
+
 #: How often the pool timer checks whether its pool is due a round (``PoolScheduler.due``): every
 #: INTERVAL, or at once when a batch has kicked it.
 POOL_CHECK_INTERVAL = min(INTERVAL, 0.5)
@@ -209,13 +217,15 @@ async def pool_timer(
     status: kopf.Status,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     """Size the pool, grant free slots to waiting shards, report slots and queue depth."""
     scheduler: PoolScheduler = memo.pools
     if not scheduler.due(name):
         return
-    result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"))
+    index: kopf.Index[str, dict[str, Any]] = kwargs["running_batches"]  # kopf passes indexes
+    batches = [dict(b) for b in index.get(name, [])]
+    result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"), batches)
     if result.status:
         patch.setdefault("status", {}).update(result.status)
     for event_type, reason, message in result.events:

@@ -85,6 +85,15 @@ SLOT_ASSIGNMENT_WAIT = Histogram(
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600, 14400),
     registry=REGISTRY,
 )
+POOL_ROUND_SECONDS = Histogram(
+    "llmbatch_pool_round_seconds",
+    "Wall time of one pool scheduling round (settle ended runs, place the queue head), by pool: "
+    "a seat freed by a finished shard waits up to one round interval plus this for its next "
+    "shard.",
+    ["pool"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+    registry=REGISTRY,
+)
 SLOT_SECONDS = Counter(
     "llmbatch_slot_seconds_total",
     "Slot time reported by slot heartbeats, by pool and status (busy: at least one request in "

@@ -27,6 +27,24 @@ from llmbatch.core.tiers import TIERS, tier_of
 from llmbatch.storage.base import ObjectStore
 
 
+def running_entry(batch: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What a pool round needs of a batch, keyed by its pool while it runs (``{}`` otherwise):
+    the operator keeps these in an index fed by its watch (``handlers.running_batches``), so a
+    round reads no Batch listing."""
+    status = batch.get("status") or {}
+    pool = status.get("pool")
+    if status.get("status") != "in_progress" or not pool:
+        return {}
+    meta, spec = batch["metadata"], batch.get("spec") or {}
+    return {
+        str(pool): {
+            "metadata": {k: meta.get(k) for k in ("uid", "namespace", "name")},
+            "spec": {"priority": spec.get("priority"), "metadata": spec.get("metadata")},
+            "status": dict(status),
+        }
+    }
+
+
 def _backlog(batches: list[dict[str, Any]], pool: str) -> dict[str, int]:
     """Requests of the pool's running batches without a result yet, per tier."""
     backlog: dict[str, int] = dict.fromkeys(TIERS, 0)
@@ -113,15 +131,21 @@ class PoolScheduler:
         return self._kicks.get(name, 0) > last[1]
 
     async def step(
-        self, name: str, spec: dict[str, Any], status: dict[str, Any], uid: str | None = None
+        self,
+        name: str,
+        spec: dict[str, Any],
+        status: dict[str, Any],
+        uid: str | None,
+        batches: list[dict[str, Any]],
     ) -> PoolRound:
-        """One round: size the pool, settle and place shards on its slots."""
+        """One round: size the pool, settle and place shards on its slots. ``batches`` are the
+        pool's running batches (:func:`running_entry`)."""
+        started = time.perf_counter()
         pool = BatchPoolSpec.model_validate(spec)
         now = self.clock()
         self._rounds[name] = (now, self._kicks.get(name, 0))
         result = PoolRound()
         throughput = float(Decimal(status.get("throughputPerSlot") or pool.throughput_per_slot))
-        batches = await self.kube.list_custom("batches")  # one listing serves the whole round
         backlog = _backlog(batches, name)
         previous, scaled = _scale(pool, backlog, throughput, status, now)
         if scaled.desired != previous.desired:
@@ -133,6 +157,7 @@ class PoolScheduler:
                 )
             )
         placed = await self.slots.round(name, pool, uid, batches, scaled.desired, now)
+        metrics.POOL_ROUND_SECONDS.labels(name).observe(time.perf_counter() - started)
         result.events += placed.events
         for seconds in placed.run_seconds:
             metrics.SHARD_RUN_SECONDS.labels(name).observe(seconds)

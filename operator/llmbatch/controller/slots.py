@@ -138,12 +138,20 @@ class SlotScheduler:
         work = _work(name, batches)
         # What a slot of each model looks like now: computed once a round, not once a slot.
         revisions = {m.name: slot_revision(self.config, pool, m.name) for m in pool.models}
-        slots = [
-            await self._observe(name, revisions, job, now)
-            for job in jobs
-            if not job["metadata"].get("deletionTimestamp")
+        jobs = [job for job in jobs if not job["metadata"].get("deletionTimestamp")]
+        channels = [
+            SlotChannel(self.store, keys.slot_prefix(name, job["metadata"]["name"])) for job in jobs
         ]
-        held, running = await self._settle(pool, slots, work, result)
+        # Every store call of a phase goes in one thread call: under load each hop back to the
+        # busy event loop costs milliseconds, and a round of 64 seats made hundreds of them.
+        reads = await asyncio.to_thread(
+            lambda: [(c.heartbeat(), c.assignments()) for c in channels]
+        )
+        slots = [
+            self._observe(name, revisions, job, channel, heartbeat, assignments, now)
+            for job, channel, (heartbeat, assignments) in zip(jobs, channels, reads, strict=True)
+        ]
+        held, running = await asyncio.to_thread(self._settle, pool, slots, work, result)
         for slot in slots:
             if slot.lost is not None:
                 await self.fleet.remove(namespace, slot)
@@ -156,8 +164,12 @@ class SlotScheduler:
         views = _views(live, capacity)
         placement = place((w.queued for w in waiting), views, desired, capacity)
         by_shard = {id(w.queued): w for w in waiting}
-        for shard, slot_name in placement.assign:
-            await self._assign(name, slot_name, by_shard[id(shard)], now)
+
+        def grant_all() -> None:
+            for shard, slot_name in placement.assign:
+                self._grant(name, slot_name, by_shard[id(shard)], now)
+
+        await asyncio.to_thread(grant_all)
         for group in placement.new_slots:
             started = await self.fleet.start(
                 name, pool, pool_uid, [by_shard[id(q)] for q in group], now, self._assign
@@ -188,14 +200,17 @@ class SlotScheduler:
 
     # --- observing ---------------------------------------------------------------------------
 
-    async def _observe(
-        self, pool_name: str, revisions: dict[str, str | None], job: dict[str, Any], now: float
+    def _observe(
+        self,
+        pool_name: str,
+        revisions: dict[str, str | None],
+        job: dict[str, Any],
+        channel: SlotChannel,
+        heartbeat: SlotHeartbeat | None,
+        assignments: dict[str, Assignment],
+        now: float,
     ) -> ObservedSlot:
         name = job["metadata"]["name"]
-        channel = SlotChannel(self.store, keys.slot_prefix(pool_name, name))
-        heartbeat, assignments = await asyncio.to_thread(
-            lambda: (channel.heartbeat(), channel.assignments())
-        )
         seen = self._seen.get(name)
         if heartbeat is not None and (seen is None or seen[0] != heartbeat.seq):
             self._seen[name] = seen = (heartbeat.seq, now)
@@ -236,7 +251,7 @@ class SlotScheduler:
 
     # --- settling ended runs -----------------------------------------------------------------
 
-    async def _settle(
+    def _settle(
         self,
         pool: BatchPoolSpec,
         slots: list[ObservedSlot],
@@ -245,7 +260,8 @@ class SlotScheduler:
     ) -> tuple[set[str], list[RunningShard]]:
         """Fold ended runs into their leases and take back what must stop; the shards still
         held by a slot and the running ones (preemption candidates). What is taken back leaves
-        the slot's observed assignments too, so its seat is filled in this same round."""
+        the slot's observed assignments too, so its seat is filled in this same round. Runs in
+        a worker thread (store calls only; the round awaits it)."""
         held: set[str] = set()
         running: list[RunningShard] = []
         for slot in slots:
@@ -253,40 +269,38 @@ class SlotScheduler:
                 held |= slot.running()
             reports = {r.key: r for r in slot.heartbeat.shards} if slot.heartbeat else {}
             for key, assignment in list(slot.assignments.items()):
-                lease = await asyncio.to_thread(read_lease, self.store, lease_key(assignment))
+                lease = read_lease(self.store, lease_key(assignment))
                 if lease is None or (lease.generation, lease.slot) != (
                     assignment.generation,
                     slot.name,
                 ):
-                    await self._revoke(slot, key)  # a stale grant
+                    self._revoke(slot, key)  # a stale grant
                     continue
                 report = reports.get(key)
                 ended = (
                     None if report is None or report.generation != assignment.generation else report
                 )
                 if ended is not None and ended.state != "running":
-                    await self._end_run(
-                        pool, assignment, lease, ended.state, ended.message, work, result
-                    )
-                    await self._revoke(slot, key)
+                    self._end_run(pool, assignment, lease, ended.state, ended.message, work, result)
+                    self._revoke(slot, key)
                 elif slot.lost is not None:
                     state = "preempted" if slot.exited else "lost"
                     if slot.lost.startswith("slot Job failed"):
                         state = "slot_failed"  # its pod's retries (backoffLimit) are spent
-                    await self._end_run(pool, assignment, lease, state, slot.lost, work, result)
+                    self._end_run(pool, assignment, lease, state, slot.lost, work, result)
                 elif key not in work:  # the batch is stopping (cancel, expiry, pool deleted)
-                    await self._revoke(slot, key)
+                    self._revoke(slot, key)
                 else:
                     held.add(key)
                     running.append(RunningShard(work[key].queued, key, lease.preemptions))
         return held, running
 
     @staticmethod
-    async def _revoke(slot: ObservedSlot, key: str) -> None:
-        await asyncio.to_thread(slot.channel.revoke, key)
+    def _revoke(slot: ObservedSlot, key: str) -> None:
+        slot.channel.revoke(key)
         slot.assignments.pop(key, None)
 
-    async def _end_run(
+    def _end_run(
         self,
         pool: BatchPoolSpec,
         assignment: Assignment,
@@ -301,7 +315,7 @@ class SlotScheduler:
             return
         shard = assignment.shard
         if state == "done":
-            progress = await asyncio.to_thread(read_progress, self.store, shard.output_prefix)
+            progress = read_progress(self.store, shard.output_prefix)
             item = work.get(assignment.key)
             covered = 0 if progress is None else progress.completed + progress.failed
             if (
@@ -309,7 +323,7 @@ class SlotScheduler:
                 and progress.done
                 and (item is None or covered >= item.queued.requests)
             ):
-                await self._write(assignment, lease, state="done", reason=None, message=None)
+                self._write(assignment, lease, state="done", reason=None, message=None)
                 if item is not None:
                     result.learned.append((item.queued.requests, progress.busy_seconds))
                 result.run_seconds.append(max(0.0, self.clock() - lease.granted_at))
@@ -324,7 +338,7 @@ class SlotScheduler:
                 ),
             )
         if state == "preempted":
-            await self._write(assignment, lease, state="released", reason=None, message=None)
+            self._write(assignment, lease, state="released", reason=None, message=None)
             return
         reason = {
             "engine_failed": "EngineFailed",
@@ -337,7 +351,7 @@ class SlotScheduler:
         give_up = attempts > pool.executor.backoff_limit or state == "slot_failed"
         if give_up:
             message = f"{message or reason}; gave up after {attempts} attempts"
-        await self._write(
+        self._write(
             assignment,
             lease,
             state="failed" if give_up else "released",
@@ -347,24 +361,25 @@ class SlotScheduler:
         )
         log.warning("shard %s: %s (%s), attempt %d", assignment.key, reason, message, attempts)
 
-    async def _write(self, assignment: Assignment, lease: ShardLease, **changes: Any) -> None:
-        updated = lease.model_copy(update=changes)
-        await asyncio.to_thread(write_lease, self.store, lease_key(assignment), updated)
+    def _write(self, assignment: Assignment, lease: ShardLease, **changes: Any) -> None:
+        write_lease(self.store, lease_key(assignment), lease.model_copy(update=changes))
 
     # --- placing -----------------------------------------------------------------------------
 
     async def _assign(self, pool_name: str, slot: str, work: Work, now: float) -> None:
-        """Lease the shard to ``slot`` (a new generation fences earlier holders), then assign."""
-        raw = await asyncio.to_thread(self.store.get, work.spec_key)
-        spec = ShardSpec.model_validate_json(raw)
-        lease = await asyncio.to_thread(grant_lease, self.store, work.lease_key, slot, now)
+        await asyncio.to_thread(self._grant, pool_name, slot, work, now)
+
+    def _grant(self, pool_name: str, slot: str, work: Work, now: float) -> None:
+        """Lease the shard to ``slot`` (a new generation fences earlier holders), then assign.
+        Store calls only: runs in a worker thread."""
+        spec = ShardSpec.model_validate_json(self.store.get(work.spec_key))
+        lease = grant_lease(self.store, work.lease_key, slot, now)
         if lease.generation == 1 and work.since:
             metrics.SLOT_ASSIGNMENT_WAIT.labels(pool_name).observe(max(0.0, now - work.since))
         assignment = Assignment(
             shard=spec, lease_key=work.lease_key, generation=lease.generation, assigned_at=now
         )
-        channel = SlotChannel(self.store, keys.slot_prefix(pool_name, slot))
-        await asyncio.to_thread(channel.assign, assignment)
+        SlotChannel(self.store, keys.slot_prefix(pool_name, slot)).assign(assignment)
         metrics.SLOT_ASSIGNMENTS.labels(pool_name).inc()
 
     async def _preempt(
@@ -382,13 +397,14 @@ class SlotScheduler:
         # Shards already taken back and still stopping free their places soon: count them.
         stopping = sum(len(s.running() - s.assignments.keys()) for s in slots)
         victims = preemption_victims(waiting, running, pool.max_preemptions_per_shard, stopping)
+
+        def take_back_all() -> None:
+            for victim in victims:
+                self._take_back(holders[victim.key], victim.key)
+
+        await asyncio.to_thread(take_back_all)
         for victim in victims:
             slot = holders[victim.key]
-            assignment = slot.assignments[victim.key]
-            lease = await asyncio.to_thread(read_lease, self.store, lease_key(assignment))
-            if lease is not None:
-                await self._write(assignment, lease, preemptions=lease.preemptions + 1)
-            await asyncio.to_thread(slot.channel.revoke, victim.key)
             result.events.append(
                 (
                     "Normal",
@@ -396,3 +412,11 @@ class SlotScheduler:
                     f"Took shard {victim.key} back from {slot.name} for expedited work",
                 )
             )
+
+    def _take_back(self, slot: ObservedSlot, key: str) -> None:
+        """Count a preemption on the shard's lease and revoke it (store calls: in a thread)."""
+        assignment = slot.assignments[key]
+        lease = read_lease(self.store, lease_key(assignment))
+        if lease is not None:
+            self._write(assignment, lease, preemptions=lease.preemptions + 1)
+        slot.channel.revoke(key)
