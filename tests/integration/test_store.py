@@ -21,6 +21,7 @@ from llmbatch.storage import (
     FilesystemStore,
     IntegrityError,
     InvalidKey,
+    ObjectChanged,
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,
@@ -342,6 +343,84 @@ def test_if_absent_concurrent_writers_exactly_one_wins(store: ObjectStore) -> No
         assert store.get(f"race/{round_}") == f"writer-{won[0]}".encode()
 
 
+# -- compare-and-swap --------------------------------------------------------------------------
+
+
+def test_put_if_match_replaces_only_the_version_read(store: ObjectStore) -> None:
+    store.put("cas", b"v1")
+    read = store.get_versioned("cas")
+    assert read.data == b"v1"
+    store.put_if_match("cas", b"v2", read.version)
+    assert store.get("cas") == b"v2"
+    with pytest.raises(ObjectChanged) as excinfo:  # a second writer that read v1 too
+        store.put_if_match("cas", b"v2-other", read.version)
+    assert excinfo.value.key == "cas"
+    assert store.get("cas") == b"v2"
+    again = store.get_versioned("cas")
+    assert again.data == b"v2"
+    assert again.version != read.version
+    store.put_if_match("cas", b"v3", again.version)
+    assert store.get("cas") == b"v3"
+
+
+def test_put_if_match_sees_an_unconditional_rewrite_with_the_same_bytes(
+    store: ObjectStore,
+) -> None:
+    store.put("cas-same", b"same")
+    read = store.get_versioned("cas-same")
+    store.put("cas-same", b"same")  # rewritten in between, same content
+    if isinstance(store, S3Store):  # S3's ETag is the content MD5: the same bytes, the same tag
+        store.put_if_match("cas-same", b"next", read.version)
+    else:
+        with pytest.raises(ObjectChanged):
+            store.put_if_match("cas-same", b"next", read.version)
+
+
+def test_put_if_match_on_a_deleted_or_missing_key(store: ObjectStore) -> None:
+    with pytest.raises(ObjectNotFound):
+        store.get_versioned("cas-missing")
+    store.put("cas-gone/k", b"v1")
+    read = store.get_versioned("cas-gone/k")
+    store.delete("cas-gone/k")
+    with pytest.raises(ObjectChanged):
+        store.put_if_match("cas-gone/k", b"v2", read.version)
+    assert store.head("cas-gone/k") is None
+
+
+def _race_if_match(store: ObjectStore, key: str, writers: int) -> tuple[list[int], list[int]]:
+    """``writers`` threads that read one version, released together to replace it."""
+    version = store.get_versioned(key).version
+    barrier = threading.Barrier(writers)
+    won: list[int] = []
+    lost: list[int] = []
+
+    def write(i: int) -> None:
+        barrier.wait()
+        try:
+            store.put_if_match(key, f"writer-{i}".encode(), version)
+            won.append(i)
+        except ObjectChanged:
+            lost.append(i)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, lost
+
+
+def test_put_if_match_concurrent_writers_exactly_one_wins(store: ObjectStore) -> None:
+    assert store.atomic_if_match()
+    for round_ in range(3):
+        key = f"cas-race/{round_}"
+        store.put(key, b"start")
+        won, lost = _race_if_match(store, key, writers=8)
+        assert len(won) == 1, (won, lost)
+        assert len(lost) == 7
+        assert store.get(key) == f"writer-{won[0]}".encode()
+
+
 # -- compose -----------------------------------------------------------------------------------
 
 
@@ -560,6 +639,31 @@ def test_s3_emulated_conditional_writes(s3_uri: str) -> None:
     store.put("e", b"1", if_absent=True)
     with pytest.raises(ObjectExists):
         store.put("e", b"2", if_absent=True)
+
+
+def test_s3_detects_native_if_match(s3_store: S3Store) -> None:
+    assert s3_store.atomic_if_match() is True
+    assert list(s3_store.list("")) == []  # the probe object is gone
+
+
+def test_s3_probe_detects_ignored_if_match_and_compares_first(
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = s3_store.client.put_object
+
+    def put_object(**kwargs: Any) -> Any:
+        kwargs.pop("IfMatch", None)  # a server that silently ignores the header
+        return original(**kwargs)
+
+    monkeypatch.setattr(s3_store.client, "put_object", put_object)
+    assert s3_store.atomic_if_match() is False
+    s3_store.put("m", b"1")
+    read = s3_store.get_versioned("m")
+    s3_store.put("m", b"2")
+    with pytest.raises(ObjectChanged):  # the head-then-put fallback
+        s3_store.put_if_match("m", b"3", read.version)
+    s3_store.put_if_match("m", b"3", s3_store.get_versioned("m").version)
+    assert s3_store.get("m") == b"3"
 
 
 def test_s3_prefixes_isolate_stores(s3_server: S3Server, s3_bucket: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterable, Iterator
 
@@ -9,7 +10,14 @@ import orjson
 import pytest
 
 from llmbatch.core.billing import TokenUsage, token_usage
-from llmbatch.storage.base import ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore
+from llmbatch.storage.base import (
+    ObjectChanged,
+    ObjectExists,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    Versioned,
+)
 from llmbatch.storage.shardresults import (
     ShardResults,
     chunk_key,
@@ -66,6 +74,19 @@ class MemoryStore(ObjectStore):
 
     def compose(self, key: str, sources: list[str]) -> ObjectInfo:
         return self.put(key, b"".join(self.objects[s] for s in sources))
+
+    def get_versioned(self, key: str) -> Versioned:
+        data = self.get(key)
+        return Versioned(data, hashlib.sha256(data).hexdigest())
+
+    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
+        with self.lock:
+            current = self.objects.get(key)
+            if current is None or hashlib.sha256(current).hexdigest() != version:
+                raise ObjectChanged(key)
+            self.objects[key] = data
+            self.puts.append(key)
+        return ObjectInfo(key=key, size=len(data))
 
 
 def _line(custom_id: str, status: int = 200, tokens: tuple[int, int] = (3, 5)):

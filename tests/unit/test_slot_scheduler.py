@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from llmbatch.api.slot import ShardReport, SlotHeartbeat
+from llmbatch.api.slot import ShardLease, ShardReport, SlotHeartbeat
 from llmbatch.core import keys
-from llmbatch.storage.slotchannel import SlotChannel, read_lease
+from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
 
@@ -281,3 +281,20 @@ def test_a_seat_freed_by_an_ended_run_is_filled_in_the_same_round(h: ReconcilerH
     h.pool_round()
     assert lease_of(h, name, 0).state == "done"  # type: ignore[attr-defined]
     assert lease_of(h, name, 1).slot == slot["metadata"]["name"]  # type: ignore[attr-defined]
+
+
+def test_a_run_that_ends_after_finalisation_fenced_its_lease_leaves_the_fence(
+    h: ReconcilerHarness,
+) -> None:
+    name = submit(h, "batch-" + "f" * 24, requests=2)
+    h.pool_round()
+    (slot,) = h.jobs()
+    assert h.run_slot(slot, exits=False).value == "done"  # its heartbeat reports the shard done
+    uid = h.batch(name)["metadata"]["uid"]
+    lease_key = keys.shard_lease_key(keys.shard_prefix(TENANT, uid, 0))
+    assert fence_lease(h.store, lease_key) is not None  # as finalisation would, meanwhile
+    h.pool_round()
+    lease = lease_of(h, name)
+    assert isinstance(lease, ShardLease)
+    assert lease.state == "fenced"  # not overwritten with the round's stale "done"
+    assert channel(h, slot["metadata"]["name"]).assignments() == {}  # taken back: stale

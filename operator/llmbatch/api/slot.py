@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 
-LeaseState = Literal["granted", "released", "done", "failed"]
+LeaseState = Literal["granted", "released", "done", "failed", "fenced"]
 ShardState = Literal["running", "done", "preempted", "engine_failed", "store_failed", "lease_lost"]
 
 
@@ -71,7 +71,8 @@ class ShardLease(BaseModel):
     state: LeaseState = Field(
         default="granted",
         description="granted: a slot runs it; released: back in the queue; done: every "
-        "request has a result; failed: gave up (attempts exhausted).",
+        "request has a result; failed: gave up (attempts exhausted); fenced: its batch is "
+        "finishing and no slot runs it again.",
     )
     attempts: int = Field(
         default=0, ge=0, description="Runs that ended in a failure (engine, store, lost slot)."

@@ -49,7 +49,7 @@ from llmbatch.core.slots import (
 )
 from llmbatch.storage.base import ObjectStore
 from llmbatch.storage.shardresults import read_progress
-from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, write_lease
+from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, update_lease
 
 log = logging.getLogger("llmbatch.controller.slots")
 
@@ -281,8 +281,11 @@ class SlotScheduler:
                     None if report is None or report.generation != assignment.generation else report
                 )
                 if ended is not None and ended.state != "running":
-                    self._end_run(pool, assignment, lease, ended.state, ended.message, work, result)
-                    self._revoke(slot, key)
+                    # Taken back once recorded; a lease changed meanwhile waits for next round.
+                    if self._end_run(
+                        pool, assignment, lease, ended.state, ended.message, work, result
+                    ):
+                        self._revoke(slot, key)
                 elif slot.lost is not None:
                     state = "preempted" if slot.exited else "lost"
                     if slot.lost.startswith("slot Job failed"):
@@ -309,10 +312,11 @@ class SlotScheduler:
         message: str | None,
         work: dict[str, Work],
         result: SlotRound,
-    ) -> None:
-        """Record how a run of a shard ended on its lease: done, back to the queue, or failed."""
+    ) -> bool:
+        """Record how a run of a shard ended on its lease: done, back to the queue, or failed.
+        False when the lease changed since this round read it (nothing recorded)."""
         if state == "lease_lost":
-            return
+            return True
         shard = assignment.shard
         if state == "done":
             progress = read_progress(self.store, shard.output_prefix)
@@ -323,11 +327,12 @@ class SlotScheduler:
                 and progress.done
                 and (item is None or covered >= item.queued.requests)
             ):
-                self._write(assignment, lease, state="done", reason=None, message=None)
+                if not self._update(assignment, lease, state="done", reason=None, message=None):
+                    return False
                 if item is not None:
                     result.learned.append((item.queued.requests, progress.busy_seconds))
                 result.run_seconds.append(max(0.0, self.clock() - lease.granted_at))
-                return
+                return True
             metrics.SHARD_INCOMPLETE.inc()
             missing = (item.queued.requests if item else covered) - covered
             state, message = (
@@ -338,8 +343,7 @@ class SlotScheduler:
                 ),
             )
         if state == "preempted":
-            self._write(assignment, lease, state="released", reason=None, message=None)
-            return
+            return self._update(assignment, lease, state="released", reason=None, message=None)
         reason = {
             "engine_failed": "EngineFailed",
             "store_failed": "StoreFailed",
@@ -351,7 +355,7 @@ class SlotScheduler:
         give_up = attempts > pool.executor.backoff_limit or state == "slot_failed"
         if give_up:
             message = f"{message or reason}; gave up after {attempts} attempts"
-        self._write(
+        recorded = self._update(
             assignment,
             lease,
             state="failed" if give_up else "released",
@@ -359,10 +363,18 @@ class SlotScheduler:
             message=(message or reason)[:1024],
             attempts=attempts,
         )
-        log.warning("shard %s: %s (%s), attempt %d", assignment.key, reason, message, attempts)
+        if recorded:
+            log.warning("shard %s: %s (%s), attempt %d", assignment.key, reason, message, attempts)
+        return recorded
 
-    def _write(self, assignment: Assignment, lease: ShardLease, **changes: Any) -> None:
-        write_lease(self.store, lease_key(assignment), lease.model_copy(update=changes))
+    def _update(self, assignment: Assignment, seen: ShardLease, **changes: Any) -> bool:
+        """Change the shard's lease if it is still as this round ``seen`` it (a compare-and-
+        swap: finalisation may have fenced it meanwhile); whether the change was written."""
+
+        def change(current: ShardLease | None) -> ShardLease | None:
+            return current.model_copy(update=changes) if current == seen else None
+
+        return update_lease(self.store, lease_key(assignment), change) is not None
 
     # --- placing -----------------------------------------------------------------------------
 
@@ -374,6 +386,8 @@ class SlotScheduler:
         Store calls only: runs in a worker thread."""
         spec = ShardSpec.model_validate_json(self.store.get(work.spec_key))
         lease = grant_lease(self.store, work.lease_key, slot, now)
+        if lease is None:  # done, failed or fenced since the round looked: not to run again
+            return
         if lease.generation == 1 and work.since:
             metrics.SLOT_ASSIGNMENT_WAIT.labels(pool_name).observe(max(0.0, now - work.since))
         assignment = Assignment(
@@ -418,5 +432,5 @@ class SlotScheduler:
         assignment = slot.assignments[key]
         lease = read_lease(self.store, lease_key(assignment))
         if lease is not None:
-            self._write(assignment, lease, preemptions=lease.preemptions + 1)
+            self._update(assignment, lease, preemptions=lease.preemptions + 1)
         slot.channel.revoke(key)

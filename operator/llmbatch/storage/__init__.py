@@ -5,6 +5,7 @@ from __future__ import annotations
 from llmbatch.storage.base import (
     IntegrityError,
     InvalidKey,
+    ObjectChanged,
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,
@@ -24,6 +25,7 @@ __all__ = [
     "FilesystemStore",
     "IntegrityError",
     "InvalidKey",
+    "ObjectChanged",
     "ObjectExists",
     "ObjectInfo",
     "ObjectNotFound",

@@ -43,6 +43,15 @@ class ObjectExists(StoreError):
         self.key = key
 
 
+class ObjectChanged(StoreError):
+    """A compare-and-swap (:meth:`ObjectStore.put_if_match`) found the object rewritten or gone
+    since the version it was given: another writer won; read again and decide again."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"object changed since it was read: {key}")
+        self.key = key
+
+
 class IntegrityError(StoreError):
     """Stored bytes do not match the expected size or checksum."""
 
@@ -54,6 +63,14 @@ class InvalidKey(StoreError, ValueError):
         super().__init__(f"invalid object key {key!r}: {reason}")
         self.key = key
         self.reason = reason
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A whole object and the version tag of exactly those bytes (``get_versioned``)."""
+
+    data: bytes
+    version: str
 
 
 @dataclass(frozen=True)
@@ -143,6 +160,22 @@ class ObjectStore(abc.ABC):
         With ``sha256`` (hex) the streamed bytes must hash to it, else :class:`IntegrityError` and
         nothing is written. The returned info always carries the sha256 of what was written.
         """
+
+    @abc.abstractmethod
+    def get_versioned(self, key: str) -> Versioned:
+        """The whole object with its version tag (:class:`ObjectNotFound` when absent): what
+        :meth:`put_if_match` compares against. For small objects (leases), read in one call."""
+
+    @abc.abstractmethod
+    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
+        """Replace the object only while it is still at ``version`` (compare-and-swap): of two
+        writers that read the same version, one wins and the other gets :class:`ObjectChanged`,
+        as does a writer whose key was deleted meanwhile."""
+
+    def atomic_if_match(self) -> bool:
+        """Whether :meth:`put_if_match` is atomic; False only on S3 without ``If-Match``, where
+        it compares, then puts (best effort)."""
+        return True
 
     def atomic_if_absent(self) -> bool:
         """Whether ``put(..., if_absent=True)`` is atomic: of two racing creates exactly one wins.

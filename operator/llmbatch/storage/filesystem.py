@@ -2,7 +2,10 @@
 
 Writes go to a temporary file in the key's directory, are fsynced, then published with
 ``os.replace`` (or ``os.link`` for ``if_absent``: the link fails when the name exists, so of two
-concurrent conditional writers exactly one wins). Readers therefore see whole objects only. The
+concurrent conditional writers exactly one wins). Readers therefore see whole objects only.
+``put_if_match`` compares the current version and replaces under an exclusive ``flock`` on the
+key's directory, so of two writers that read one version exactly one wins (on one host, or on a
+shared filesystem whose ``flock`` is cluster-wide, as NFSv4's is). The
 sha256 of every write is kept in the ``user.llmbatch.sha256`` extended attribute where the
 filesystem supports xattrs (``head`` reports ``sha256=None`` elsewhere).
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import pathlib
@@ -26,11 +30,13 @@ from llmbatch.storage.base import (
     RESERVED_SEGMENT_PREFIX,
     IntegrityError,
     InvalidKey,
+    ObjectChanged,
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
     StoreError,
+    Versioned,
     check_expected,
     check_range,
     source_key,
@@ -62,6 +68,25 @@ def _read_sha256(path: pathlib.Path) -> str | None:
 def _etag(st: os.stat_result) -> str:
     """Changes whenever the key is rewritten (new inode) — like an S3 ETag, not a content hash."""
     return f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"'
+
+
+def _version(file: BinaryIO) -> Versioned:
+    """The whole of an open object and its version tag: its ETag (the inode, which every write
+    replaces) and its content hash, so a reused inode with the same timestamp still differs."""
+    st = os.fstat(file.fileno())
+    data = file.read()
+    return Versioned(data, f"{_etag(st)[1:-1]}-{hashlib.sha256(data).hexdigest()[:16]}")
+
+
+@contextlib.contextmanager
+def _locked(directory: pathlib.Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` (released when its descriptor closes)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _write_sha256(fd: int, digest: str) -> None:
@@ -108,7 +133,23 @@ class FilesystemStore(ObjectStore):
         if_absent: bool = False,
         sha256: str | None = None,
     ) -> ObjectInfo:
+        return self._put(key, data, if_absent=if_absent, sha256=sha256, if_match=None)
+
+    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
+        return self._put(key, data, if_absent=False, sha256=None, if_match=version)
+
+    def _put(
+        self,
+        key: str,
+        data: bytes | Iterable[bytes],
+        *,
+        if_absent: bool,
+        sha256: str | None,
+        if_match: str | None,
+    ) -> ObjectInfo:
         path = self._path(key)
+        if if_match is not None and not os.path.lexists(path):
+            raise ObjectChanged(key)
         if if_absent and os.path.lexists(path):
             raise ObjectExists(key)
         tmp = self._create_temp(key, path)
@@ -127,7 +168,10 @@ class FilesystemStore(ObjectStore):
                 _write_sha256(out.fileno(), digest)
                 os.fsync(out.fileno())
                 etag = _etag(os.fstat(out.fileno()))  # rename and link keep the inode
-            self._publish(key, tmp, path, if_absent=if_absent)
+            if if_match is None:
+                self._publish(key, tmp, path, if_absent=if_absent)
+            else:
+                self._swap(key, tmp, path, if_match)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
@@ -178,6 +222,21 @@ class FilesystemStore(ObjectStore):
             if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
                 raise StoreError(f"put {key}: other keys live under {key}/") from exc
             raise StoreError(f"put {key}: {exc}") from exc
+
+    def _swap(self, key: str, tmp: pathlib.Path, path: pathlib.Path, version: str) -> None:
+        """Replace ``path`` with ``tmp`` if it is still at ``version`` (both under one lock)."""
+        try:
+            with _locked(path.parent):
+                try:
+                    with open(path, "rb") as current:
+                        unchanged = _version(current).version == version
+                except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                    unchanged = False
+                if not unchanged:
+                    raise ObjectChanged(key)
+                os.replace(tmp, path)
+        except FileNotFoundError as exc:  # the directory went with a delete: the object too
+            raise ObjectChanged(key) from exc
 
     def delete(self, key: str) -> None:
         path = self._path(key)
@@ -238,6 +297,11 @@ class FilesystemStore(ObjectStore):
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         return b"".join(self.iter_range(key, start, end))
+
+    def get_versioned(self, key: str) -> Versioned:
+        file, _ = self._open(key)
+        with file:
+            return _version(file)
 
     def iter_range(
         self, key: str, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20

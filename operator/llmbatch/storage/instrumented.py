@@ -1,8 +1,9 @@
 """An :class:`ObjectStore` that times every operation and counts failures into Prometheus
 metrics the caller owns (each component has its own registry and metric names).
 
-The ``op`` label is the method name, a fixed set. A missing key (:class:`ObjectNotFound`) and a
-lost conditional create (:class:`ObjectExists`) are answers, not failures; every other
+The ``op`` label is the method name, a fixed set. A missing key (:class:`ObjectNotFound`), a
+lost conditional create (:class:`ObjectExists`) and a lost compare-and-swap
+(:class:`ObjectChanged`) are answers, not failures; every other
 :class:`StoreError` or ``OSError`` counts as an error. A stream's time is the time to open it.
 """
 
@@ -14,11 +15,28 @@ from typing import Any, TypeVar
 
 from prometheus_client import Counter, Histogram
 
-from llmbatch.storage.base import ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore
+from llmbatch.storage.base import (
+    ObjectChanged,
+    ObjectExists,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    Versioned,
+)
 
 T = TypeVar("T")
-_ANSWERS = (ObjectNotFound, ObjectExists)
-OPERATIONS = ("put", "get", "iter_range", "head", "list", "delete", "compose")
+_ANSWERS = (ObjectNotFound, ObjectExists, ObjectChanged)
+OPERATIONS = (
+    "put",
+    "put_if_match",
+    "get",
+    "get_versioned",
+    "iter_range",
+    "head",
+    "list",
+    "delete",
+    "compose",
+)
 
 
 class InstrumentedStore(ObjectStore):
@@ -55,8 +73,17 @@ class InstrumentedStore(ObjectStore):
             "put", lambda: self.inner.put(key, data, if_absent=if_absent, sha256=sha256)
         )
 
+    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
+        return self._timed("put_if_match", lambda: self.inner.put_if_match(key, data, version))
+
+    def get_versioned(self, key: str) -> Versioned:
+        return self._timed("get_versioned", lambda: self.inner.get_versioned(key))
+
     def atomic_if_absent(self) -> bool:
         return self.inner.atomic_if_absent()
+
+    def atomic_if_match(self) -> bool:
+        return self.inner.atomic_if_match()
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         return self._timed("get", lambda: self.inner.get(key, start, end))

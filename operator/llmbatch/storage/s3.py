@@ -6,6 +6,8 @@
   probes once (a put, then a conditional put on the same probe key): a server that answers 501 /
   ``NotImplemented`` or ignores the header gets the best-effort fallback, head then put, which
   two racing writers can both pass.
+- ``put_if_match`` (compare-and-swap) uses ``If-Match: <ETag>``, probed like ``If-None-Match``
+  in ``auto`` mode; without it the store compares the ETag, then puts (best effort).
 - ``compose`` is a multipart upload whose parts are server-side ``UploadPartCopy`` ranges for
   sources >= 5 MiB and downloaded-then-uploaded buffers (exactly 5 MiB) for smaller sources and
   the edges of larger ones, so any mix works; copies are pinned to the source ETag seen at head
@@ -35,11 +37,13 @@ from llmbatch.storage.base import (
     RESERVED_SEGMENT_PREFIX,
     IntegrityError,
     InvalidKey,
+    ObjectChanged,
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
     StoreError,
+    Versioned,
     check_range,
     validate_key,
 )
@@ -86,6 +90,7 @@ class S3Store(ObjectStore):
             "native": True,
             "emulate": False,
         }[config.conditional_writes]
+        self._native_if_match = self._native_conditional
 
     def __repr__(self) -> str:
         return f"S3Store({self.config.to_uri()!r})"
@@ -121,6 +126,37 @@ class S3Store(ObjectStore):
 
     def atomic_if_absent(self) -> bool:
         return self.uses_native_conditional_writes()
+
+    def atomic_if_match(self) -> bool:
+        """Whether ``put_if_match`` is enforced by the server (probed once in ``auto`` mode)."""
+        if self._native_if_match is None:
+            with self._conditional_lock:
+                if self._native_if_match is None:
+                    self._native_if_match = self._probe_if_match()
+        return self._native_if_match
+
+    def _probe_if_match(self) -> bool:
+        """Put a probe, then put it again under a wrong ``If-Match``: 412 means enforced."""
+        probe = f"{self.prefix}{RESERVED_SEGMENT_PREFIX}probe/{uuid.uuid4().hex}"
+        try:
+            self._call(
+                "probe", probe, lambda: self.client.put_object(Bucket=self.bucket, Key=probe)
+            )
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=probe, IfMatch='"0"')
+            except ClientError as exc:
+                code = error_code(exc)
+                if code in PRECONDITION:
+                    return True
+                if code not in NOT_IMPLEMENTED:
+                    self._raise(exc, "probe", probe)
+            except BotoCoreError as exc:
+                self._raise(exc, "probe", probe)
+            log.warning("s3 %s: no If-Match; lease updates are best effort", self.bucket)
+            return False
+        finally:
+            with contextlib.suppress(ClientError, BotoCoreError):
+                self.client.delete_object(Bucket=self.bucket, Key=probe)
 
     def _probe_conditional_writes(self) -> bool:
         probe = f"{self.prefix}{RESERVED_SEGMENT_PREFIX}probe/{uuid.uuid4().hex}"
@@ -215,6 +251,37 @@ class S3Store(ObjectStore):
         )
         return ObjectInfo(key=key, size=len(body), sha256=digest, etag=response.get("ETag"))
 
+    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
+        full = self._full(key)
+        if not self.atomic_if_match():
+            current = self.head(key)
+            if current is None or current.etag != version:
+                raise ObjectChanged(key)
+            return self.put(key, data)
+        digest = hashlib.sha256(data).hexdigest()
+        for attempt in range(5):
+            try:
+                response = self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=full,
+                    Body=data,
+                    ContentMD5=content_md5(data),
+                    Metadata={METADATA_SHA256: digest},
+                    IfMatch=version,
+                )
+                return ObjectInfo(key=key, size=len(data), sha256=digest, etag=response["ETag"])
+            except ClientError as exc:
+                code = error_code(exc)
+                if code in PRECONDITION or code in NOT_FOUND:
+                    raise ObjectChanged(key) from exc
+                if code in CONFLICT and attempt < 4:
+                    time.sleep(0.05 * 2**attempt)
+                    continue
+                self._raise(exc, "put", key)
+            except BotoCoreError as exc:
+                self._raise(exc, "put", key)
+        raise AssertionError("unreachable")
+
     def delete(self, key: str) -> None:
         full = self._full(key)
         try:
@@ -256,6 +323,15 @@ class S3Store(ObjectStore):
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         return b"".join(self.iter_range(key, start, end))
+
+    def get_versioned(self, key: str) -> Versioned:
+        full = self._full(key)
+
+        def fetch() -> Versioned:
+            response = self.client.get_object(Bucket=self.bucket, Key=full)
+            return Versioned(response["Body"].read(), response["ETag"])
+
+        return self._call("get", key, fetch)
 
     def iter_range(
         self, key: str, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20

@@ -3,18 +3,29 @@
 Both sides use this module: the operator grants leases, writes and revokes assignments, asks
 for a drain and reads heartbeats; the slot reads its assignments and the drain request, writes
 its heartbeat and checks a shard's lease before each commit. Every write replaces a whole
-object, so a retried or repeated message changes nothing.
+object, so a retried or repeated message changes nothing; a lease is only ever changed by a
+compare-and-swap on the version it was read at (:func:`update_lease`).
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import time
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
 from llmbatch.api.slot import Assignment, ShardLease, SlotHeartbeat
 from llmbatch.core import keys
-from llmbatch.storage.base import ObjectNotFound, ObjectStore
+from llmbatch.storage.base import (
+    ObjectChanged,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    Versioned,
+)
 
 log = logging.getLogger("llmbatch.storage")
 
@@ -107,27 +118,81 @@ def read_lease(store: ObjectStore, lease_key: str) -> ShardLease | None:
     return ShardLease.model_validate_json(raw)
 
 
-def grant_lease(store: ObjectStore, lease_key: str, slot: str, now: float) -> ShardLease:
-    """Give the shard to ``slot`` under the next generation (operator side).
+#: Writers that may race one lease update before it gives up (there are two: the pool round
+#: and the batch's finalisation, both in the operator).
+LEASE_UPDATE_ATTEMPTS = 8
 
-    The caller grants only a shard whose lease is not held (released, or never granted); the
-    new generation fences any earlier holder's later commits out.
+
+def update_lease(
+    store: ObjectStore,
+    lease_key: str,
+    change: Callable[[ShardLease | None], ShardLease | None],
+) -> ShardLease | None:
+    """Read-modify-write of a shard's lease as one compare-and-swap (operator side).
+
+    ``change`` gets the lease as it is (None when the shard has none) and returns the next one,
+    or None to leave it as it is. When another writer got in between, ``change`` is applied
+    again to what that writer left, so no update is lost and no decision is taken on a lease
+    that is no longer there. Returns what was written, or None.
     """
-    previous = read_lease(store, lease_key) or ShardLease(generation=0, state="released")
-    lease = previous.model_copy(
-        update={
-            "generation": previous.generation + 1,
-            "slot": slot,
-            "granted_at": now,
-            "state": "granted",
-        }
-    )
-    write_lease(store, lease_key, lease)
-    return lease
+    for attempt in range(LEASE_UPDATE_ATTEMPTS):
+        if attempt:  # lost a race: back off a little, at random, so racers do not meet again
+            time.sleep(random.uniform(0, 0.002 * 2**attempt))
+        try:
+            current: Versioned | None = store.get_versioned(lease_key)
+        except ObjectNotFound:
+            current = None
+        lease = None if current is None else ShardLease.model_validate_json(current.data)
+        updated = change(lease)
+        if updated is None:
+            return None
+        body = updated.model_dump_json().encode()
+        try:
+            if current is None:
+                store.put(lease_key, body, if_absent=True)
+            else:
+                store.put_if_match(lease_key, body, current.version)
+        except (ObjectExists, ObjectChanged):
+            continue
+        return updated
+    raise StoreError(f"lease {lease_key}: {LEASE_UPDATE_ATTEMPTS} updates in a row lost a race")
 
 
-def write_lease(store: ObjectStore, lease_key: str, lease: ShardLease) -> None:
-    store.put(lease_key, lease.model_dump_json().encode())
+def grant_lease(store: ObjectStore, lease_key: str, slot: str, now: float) -> ShardLease | None:
+    """Give the shard to ``slot`` under the next generation, which fences any earlier holder's
+    later commits out. None when the shard may not run again (done, failed, or fenced by its
+    batch's finalisation, which may have happened after the caller looked)."""
+
+    def grant(previous: ShardLease | None) -> ShardLease | None:
+        if previous is not None and previous.state not in ("granted", "released"):
+            return None
+        base = previous or ShardLease(generation=0, state="released")
+        return base.model_copy(
+            update={
+                "generation": base.generation + 1,
+                "slot": slot,
+                "granted_at": now,
+                "state": "granted",
+            }
+        )
+
+    return update_lease(store, lease_key, grant)
+
+
+def fence_lease(store: ObjectStore, lease_key: str) -> ShardLease | None:
+    """Close a shard's lease for its batch's finalisation: a new generation held by nobody, so
+    a straggler's commit is refused, and the state ``fenced``, so no grant follows."""
+
+    def fence(lease: ShardLease | None) -> ShardLease | None:
+        if lease is None:  # never placed: a fenced lease keeps a late grant from placing it
+            return ShardLease(generation=1, slot="", state="fenced")
+        if lease.state not in ("granted", "released"):
+            return None
+        return lease.model_copy(
+            update={"generation": lease.generation + 1, "slot": "", "state": "fenced"}
+        )
+
+    return update_lease(store, lease_key, fence)
 
 
 class LeaseFence:

@@ -32,7 +32,7 @@ from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
 from llmbatch.storage.shardresults import read_progress
-from llmbatch.storage.slotchannel import SlotChannel, read_lease, write_lease
+from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 
 log = logging.getLogger("llmbatch.controller.batches")
 
@@ -69,8 +69,9 @@ class Finalization(PhaseDeps):
         """Take the batch's shards back from their slots; True once none can still write.
 
         A slot stops feeding a revoked shard and commits what finished; once no live slot
-        reports it running, its lease moves to a new generation held by nobody, so a commit
-        of any straggler is refused and the merge sees the final set of chunks.
+        reports it running, its lease moves to a new generation held by nobody (``fenced``), so
+        a commit of any straggler is refused, no grant follows, and the merge sees the final
+        set of chunks.
         """
         leases = await self._leases(batch)
         namespace = await self.worker_namespace(batch)
@@ -89,16 +90,10 @@ class Finalization(PhaseDeps):
             reports = beat.shards if beat is not None and beat.state != "exited" else []
             if any(r.key == key and r.state == "running" for r in reports):
                 stopped = False
-        if stopped:
-            for shard, lease in leases:
-                if lease.state in ("granted", "released"):
-                    prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
-                    fenced = lease.model_copy(
-                        update={"generation": lease.generation + 1, "slot": "", "state": "released"}
-                    )
-                    await asyncio.to_thread(
-                        write_lease, self.store, keys.shard_lease_key(prefix), fenced
-                    )
+        if stopped:  # every shard, so a grant racing this (never placed before) is refused too
+            for shard in batch.status.shards or []:
+                prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+                await asyncio.to_thread(fence_lease, self.store, keys.shard_lease_key(prefix))
         return stopped
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
