@@ -14,7 +14,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.api.shard import ShardSpec
@@ -52,6 +53,10 @@ from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, update_lease
 
 log = logging.getLogger("llmbatch.controller.slots")
+
+T = TypeVar("T")
+#: Threads of the pool rounds (one round per pool at a time, one store phase at a time).
+ROUND_THREADS = 4
 
 
 def _work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
@@ -121,6 +126,13 @@ class SlotScheduler:
         self._seen: dict[str, tuple[int, float]] = {}
         self._times: dict[str, tuple[float, float]] = {}
         self.fleet = SlotFleet(kube, store, config, self._forget)
+        # The round's own threads: in the shared pool its few calls would queue behind the
+        # store calls of every batch's reconcile, hundreds of them under load.
+        self._threads = ThreadPoolExecutor(ROUND_THREADS, thread_name_prefix="pool-round")
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (store calls) in one of the round's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     async def round(
         self,
@@ -144,14 +156,12 @@ class SlotScheduler:
         ]
         # Every store call of a phase goes in one thread call: under load each hop back to the
         # busy event loop costs milliseconds, and a round of 64 seats made hundreds of them.
-        reads = await asyncio.to_thread(
-            lambda: [(c.heartbeat(), c.assignments()) for c in channels]
-        )
+        reads = await self._io(lambda: [(c.heartbeat(), c.assignments()) for c in channels])
         slots = [
             self._observe(name, revisions, job, channel, heartbeat, assignments, now)
             for job, channel, (heartbeat, assignments) in zip(jobs, channels, reads, strict=True)
         ]
-        held, running = await asyncio.to_thread(self._settle, pool, slots, work, result)
+        held, running = await self._io(self._settle, pool, slots, work, result)
         for slot in slots:
             if slot.lost is not None:
                 await self.fleet.remove(namespace, slot)
@@ -159,7 +169,7 @@ class SlotScheduler:
                 await self.fleet.retire(namespace, slot, result)
         live = [s for s in slots if s.lost is None]
         candidates = [w for w in work.values() if w.key not in held]
-        waiting = await asyncio.to_thread(self._waiting, candidates)
+        waiting = await self._io(self._waiting, candidates)
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
         views = _views(live, capacity)
         placement = place((w.queued for w in waiting), views, desired, capacity)
@@ -169,7 +179,7 @@ class SlotScheduler:
             for shard, slot_name in placement.assign:
                 self._grant(name, slot_name, by_shard[id(shard)], now)
 
-        await asyncio.to_thread(grant_all)
+        await self._io(grant_all)
         for group in placement.new_slots:
             started = await self.fleet.start(
                 name, pool, pool_uid, [by_shard[id(q)] for q in group], now, self._assign
@@ -379,7 +389,7 @@ class SlotScheduler:
     # --- placing -----------------------------------------------------------------------------
 
     async def _assign(self, pool_name: str, slot: str, work: Work, now: float) -> None:
-        await asyncio.to_thread(self._grant, pool_name, slot, work, now)
+        await self._io(self._grant, pool_name, slot, work, now)
 
     def _grant(self, pool_name: str, slot: str, work: Work, now: float) -> None:
         """Lease the shard to ``slot`` (a new generation fences earlier holders), then assign.
@@ -416,7 +426,7 @@ class SlotScheduler:
             for victim in victims:
                 self._take_back(holders[victim.key], victim.key)
 
-        await asyncio.to_thread(take_back_all)
+        await self._io(take_back_all)
         for victim in victims:
             slot = holders[victim.key]
             result.events.append(
