@@ -71,14 +71,17 @@ def percentile(values: list[float], q: float) -> float:
 
 def first_commits(
     kubeconfig: pathlib.Path, store: pathlib.Path
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Per batch, when its first shard was granted to a slot (the lease's ``grantedAt``) and
-    when its first result chunk was committed (the chunk file's mtime in the store): the first
-    result as the store has it, without the status fold's delay or polling."""
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Per batch, when it was accepted (``status.inProgressAt``: validated, its shards queued),
+    when its first shard was granted to a slot (the lease's ``grantedAt``) and when its first
+    result chunk was committed (the chunk file's mtime in the store): the first result as the
+    store has it, without the status fold's delay or polling."""
     batches = json.loads(kubectl(kubeconfig, "get", "batches", "-n", "bench", "-o", "json"))
-    granted, firsts = {}, {}
+    accepted, granted, firsts = {}, {}, {}
     for batch in batches["items"]:
         name, uid = batch["metadata"]["name"], batch["metadata"]["uid"]
+        if (batch.get("status") or {}).get("inProgressAt"):
+            accepted[name] = float(batch["status"]["inProgressAt"])
         work = store / keys.work_prefix("bench", uid)
         times = [p.stat().st_mtime for p in work.glob("shards/*/output-*")]
         if times:
@@ -86,7 +89,7 @@ def first_commits(
         lease = store / keys.shard_lease_key(keys.shard_prefix("bench", uid, 0))
         if lease.exists():
             granted[name] = ShardLease.model_validate_json(lease.read_bytes()).granted_at
-    return granted, firsts
+    return accepted, granted, firsts
 
 
 async def create_at_once(
@@ -259,7 +262,8 @@ def main() -> None:
             time.sleep(1)
         after = request_counts(kc)
         rss = peak_rss_mib(operator.pid)
-        granted, first_result = first_commits(kc, work / "store")
+        accepted, granted, first_result = first_commits(kc, work / "store")
+        to_accept = [t - sent[name] for name, t in accepted.items()]
         to_grant = [t - sent[name] for name, t in granted.items()]
         to_result = [t - sent[name] for name, t in first_result.items()]
         to_done = [t - sent[name] for name, t in done.items()]
@@ -270,6 +274,11 @@ def main() -> None:
         )
         print(f"completed: {len(done)}/{args.batches} in {max(to_done, default=0):.0f} s")
         print(f"slots started         {len(slots)}")
+        if to_accept:
+            print(
+                f"create -> accepted    p50 {percentile(to_accept, 0.5):6.1f} s   "
+                f"p95 {percentile(to_accept, 0.95):6.1f} s   (whole seconds)"
+            )
         if to_grant:
             print(
                 f"create -> 1st grant   p50 {percentile(to_grant, 0.5):6.1f} s   "

@@ -298,3 +298,44 @@ def test_a_run_that_ends_after_finalisation_fenced_its_lease_leaves_the_fence(
     assert isinstance(lease, ShardLease)
     assert lease.state == "fenced"  # not overwritten with the round's stale "done"
     assert channel(h, slot["metadata"]["name"]).assignments() == {}  # taken back: stale
+
+
+def test_a_pool_is_due_at_every_check_while_shards_wait_for_a_seat(h: ReconcilerHarness) -> None:
+    """A round that leaves shards waiting makes the next check a round too, so a seat a
+    finished shard frees is filled within a check (0.5 s), not a reconcile interval."""
+    edit_pool(h, maxSlots=1, slotConcurrency=1)
+    submit(h, "batch-" + "w" * 24, requests=2)
+    submit(h, "batch-" + "x" * 24, requests=2)
+    h.pool_round()
+    (slot,) = h.jobs()  # one seat: the second shard waits
+    h.now += 0.5
+    assert h.pools.due("pool-a")
+    h.run_slot(slot, exits=False)  # the first shard done
+    h.pool_round()  # settles it and gives the seat to the second: nothing waits
+    h.now += 0.5
+    assert not h.pools.due("pool-a")
+
+
+def test_shards_found_waiting_are_not_read_again_while_they_wait(
+    h: ReconcilerHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long queue costs no store reads per round: a shard found waiting stays waiting until
+    this operator grants it, so its lease is read once, not at every round."""
+    edit_pool(h, maxSlots=1, slotConcurrency=1)
+    names = [submit(h, "batch-" + c * 24, requests=2) for c in "pqr"]
+    h.pool_round()  # the first is placed, two wait
+    store = h.pools.slots.store
+    reads: list[str] = []
+    get, head = store.get, store.head
+    monkeypatch.setattr(store, "get", lambda key, *a: reads.append(key) or get(key, *a))
+    monkeypatch.setattr(store, "head", lambda key: reads.append(key) or head(key))
+    h.pool_round()
+    for name in names[1:]:
+        uid = h.batch(name)["metadata"]["uid"]
+        prefix = keys.shard_prefix(TENANT, uid, 0)
+        assert keys.shard_lease_key(prefix) not in reads
+        assert keys.shard_spec_key(TENANT, uid, 0) not in reads
+    (slot,) = h.jobs()
+    h.run_slot(slot, exits=False)
+    h.pool_round()  # the seat goes to the next in line, without reading it again either
+    assert lease_of(h, names[1]).state == "granted"  # type: ignore[attr-defined]

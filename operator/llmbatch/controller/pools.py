@@ -103,6 +103,7 @@ class PoolScheduler:
         # pool -> (when its last round started, the kicks counted then); kicks counted per pool
         self._rounds: dict[str, tuple[float, int]] = {}
         self._kicks: dict[str, int] = {}
+        self._backlogged: set[str] = set()  # pools whose last round left shards waiting
 
     def kick(self, name: str) -> None:
         """A batch of pool ``name`` has shards waiting for their first slot: run a round soon
@@ -124,9 +125,11 @@ class PoolScheduler:
 
     def due(self, name: str) -> bool:
         """Whether pool ``name`` needs a round now: its interval has passed since the last one
-        started, or a batch kicked it after that round started."""
+        started, a batch kicked it after that round started, or that round left shards
+        waiting (then every check is a round: a seat a finished shard frees is filled within
+        a check, not an interval)."""
         last = self._rounds.get(name)
-        if last is None or self.clock() - last[0] >= self.interval:
+        if last is None or self.clock() - last[0] >= self.interval or name in self._backlogged:
             return True
         return self._kicks.get(name, 0) > last[1]
 
@@ -159,6 +162,10 @@ class PoolScheduler:
         placed = await self.slots.round(name, pool, uid, batches, scaled.desired, now)
         metrics.POOL_ROUND_SECONDS.labels(name).observe(time.perf_counter() - started)
         result.events += placed.events
+        if placed.waiting:
+            self._backlogged.add(name)
+        else:
+            self._backlogged.discard(name)
         for seconds in placed.run_seconds:
             metrics.SHARD_RUN_SECONDS.labels(name).observe(seconds)
         for requests, seconds in placed.learned:

@@ -125,6 +125,7 @@ class SlotScheduler:
         self.clock = clock
         self._seen: dict[str, tuple[int, float]] = {}
         self._times: dict[str, tuple[float, float]] = {}
+        self._known_waiting: dict[str, set[str]] = {}  # pool -> shards waiting at its last round
         self.fleet = SlotFleet(kube, store, config, self._forget)
         # The round's own threads: in the shared pool its few calls would queue behind the
         # store calls of every batch's reconcile, hundreds of them under load.
@@ -169,7 +170,7 @@ class SlotScheduler:
                 await self.fleet.retire(namespace, slot, result)
         live = [s for s in slots if s.lost is None]
         candidates = [w for w in work.values() if w.key not in held]
-        waiting = await self._io(self._waiting, candidates)
+        waiting = await self._io(self._waiting, name, candidates)
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
         views = _views(live, capacity)
         placement = place((w.queued for w in waiting), views, desired, capacity)
@@ -247,11 +248,15 @@ class SlotScheduler:
             if value > old:  # a restarted slot process starts its totals again from zero
                 metrics.SLOT_SECONDS.labels(pool_name, state).inc(value - old)
 
-    def _waiting(self, candidates: list[Work]) -> list[Work]:
-        """The shards no slot holds that wait for one (not done, not given up). One thread
-        call for all of them: with hundreds queued, a call each would wait its turn for a
-        thread hundreds of times behind every batch's own store reads."""
-        return [work for work in candidates if self._queued(work)]
+    def _waiting(self, pool_name: str, candidates: list[Work]) -> list[Work]:
+        """The shards no slot holds that wait for one (not done, not given up). A shard found
+        waiting in the last round and not granted since is still waiting (only this operator
+        moves a lease on, and a grant refuses a lease that finalisation fenced), so only the
+        others' leases are read: a long queue costs no store reads per round."""
+        known = self._known_waiting.get(pool_name, set())
+        waiting = [work for work in candidates if work.key in known or self._queued(work)]
+        self._known_waiting[pool_name] = {work.key for work in waiting}
+        return waiting
 
     def _queued(self, work: Work) -> bool:
         lease = read_lease(self.store, work.lease_key)
@@ -396,7 +401,9 @@ class SlotScheduler:
         Store calls only: runs in a worker thread."""
         spec = ShardSpec.model_validate_json(self.store.get(work.spec_key))
         lease = grant_lease(self.store, work.lease_key, slot, now)
-        if lease is None:  # done, failed or fenced since the round looked: not to run again
+        # Granted, or done, failed or fenced since it was found waiting: waiting no longer.
+        self._known_waiting.get(pool_name, set()).discard(work.key)
+        if lease is None:
             return
         if lease.generation == 1 and work.since:
             metrics.SLOT_ASSIGNMENT_WAIT.labels(pool_name).observe(max(0.0, now - work.since))
