@@ -55,8 +55,12 @@ from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, u
 log = logging.getLogger("llmbatch.controller.slots")
 
 T = TypeVar("T")
-#: Threads of the pool rounds (one round per pool at a time, one store phase at a time).
-ROUND_THREADS = 4
+#: Threads of the pool rounds' store calls (a phase runs a call per slot or grant at once).
+ROUND_THREADS = 16
+
+
+def _read_channel(channel: SlotChannel) -> tuple[SlotHeartbeat | None, dict[str, Assignment]]:
+    return channel.heartbeat(), channel.assignments()
 
 
 def _work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
@@ -155,14 +159,18 @@ class SlotScheduler:
         channels = [
             SlotChannel(self.store, keys.slot_prefix(name, job["metadata"]["name"])) for job in jobs
         ]
-        # Every store call of a phase goes in one thread call: under load each hop back to the
-        # busy event loop costs milliseconds, and a round of 64 seats made hundreds of them.
-        reads = await self._io(lambda: [(c.heartbeat(), c.assignments()) for c in channels])
+        # The store calls of a phase run in the round's threads, a slot (or a grant) each, all
+        # at once: one by one, a round of 64 seats took seconds under load.
+        reads = await asyncio.gather(*(self._io(_read_channel, c) for c in channels))
         slots = [
             self._observe(name, revisions, job, channel, heartbeat, assignments, now)
             for job, channel, (heartbeat, assignments) in zip(jobs, channels, reads, strict=True)
         ]
-        held, running = await self._io(self._settle, pool, slots, work, result)
+        settled = await asyncio.gather(
+            *(self._io(self._settle, pool, slot, work, result) for slot in slots)
+        )
+        held = {key for slot_held, _ in settled for key in slot_held}
+        running = [run for _, slot_running in settled for run in slot_running]
         for slot in slots:
             if slot.lost is not None:
                 await self.fleet.remove(namespace, slot)
@@ -176,11 +184,12 @@ class SlotScheduler:
         placement = place((w.queued for w in waiting), views, desired, capacity)
         by_shard = {id(w.queued): w for w in waiting}
 
-        def grant_all() -> None:
-            for shard, slot_name in placement.assign:
-                self._grant(name, slot_name, by_shard[id(shard)], now)
-
-        await self._io(grant_all)
+        await asyncio.gather(
+            *(
+                self._io(self._grant, name, slot_name, by_shard[id(shard)], now)
+                for shard, slot_name in placement.assign
+            )
+        )
         for group in placement.new_slots:
             started = await self.fleet.start(
                 name, pool, pool_uid, [by_shard[id(q)] for q in group], now, self._assign
@@ -269,48 +278,43 @@ class SlotScheduler:
     def _settle(
         self,
         pool: BatchPoolSpec,
-        slots: list[ObservedSlot],
+        slot: ObservedSlot,
         work: dict[str, Work],
         result: SlotRound,
     ) -> tuple[set[str], list[RunningShard]]:
-        """Fold ended runs into their leases and take back what must stop; the shards still
-        held by a slot and the running ones (preemption candidates). What is taken back leaves
-        the slot's observed assignments too, so its seat is filled in this same round. Runs in
-        a worker thread (store calls only; the round awaits it)."""
+        """Fold the slot's ended runs into their leases and take back what must stop; the
+        shards the slot still holds and its running ones (preemption candidates). What is taken
+        back leaves the slot's observed assignments too, so its seat is filled in this same
+        round. Runs in a worker thread (store calls only; the round awaits it)."""
         held: set[str] = set()
         running: list[RunningShard] = []
-        for slot in slots:
-            if slot.lost is None:
-                held |= slot.running()
-            reports = {r.key: r for r in slot.heartbeat.shards} if slot.heartbeat else {}
-            for key, assignment in list(slot.assignments.items()):
-                lease = read_lease(self.store, lease_key(assignment))
-                if lease is None or (lease.generation, lease.slot) != (
-                    assignment.generation,
-                    slot.name,
-                ):
-                    self._revoke(slot, key)  # a stale grant
-                    continue
-                report = reports.get(key)
-                ended = (
-                    None if report is None or report.generation != assignment.generation else report
-                )
-                if ended is not None and ended.state != "running":
-                    # Taken back once recorded; a lease changed meanwhile waits for next round.
-                    if self._end_run(
-                        pool, assignment, lease, ended.state, ended.message, work, result
-                    ):
-                        self._revoke(slot, key)
-                elif slot.lost is not None:
-                    state = "preempted" if slot.exited else "lost"
-                    if slot.lost.startswith("slot Job failed"):
-                        state = "slot_failed"  # its pod's retries (backoffLimit) are spent
-                    self._end_run(pool, assignment, lease, state, slot.lost, work, result)
-                elif key not in work:  # the batch is stopping (cancel, expiry, pool deleted)
+        if slot.lost is None:
+            held |= slot.running()
+        reports = {r.key: r for r in slot.heartbeat.shards} if slot.heartbeat else {}
+        for key, assignment in list(slot.assignments.items()):
+            lease = read_lease(self.store, lease_key(assignment))
+            if lease is None or (lease.generation, lease.slot) != (
+                assignment.generation,
+                slot.name,
+            ):
+                self._revoke(slot, key)  # a stale grant
+                continue
+            report = reports.get(key)
+            ended = None if report is None or report.generation != assignment.generation else report
+            if ended is not None and ended.state != "running":
+                # Taken back once recorded; a lease changed meanwhile waits for next round.
+                if self._end_run(pool, assignment, lease, ended.state, ended.message, work, result):
                     self._revoke(slot, key)
-                else:
-                    held.add(key)
-                    running.append(RunningShard(work[key].queued, key, lease.preemptions))
+            elif slot.lost is not None:
+                state = "preempted" if slot.exited else "lost"
+                if slot.lost.startswith("slot Job failed"):
+                    state = "slot_failed"  # its pod's retries (backoffLimit) are spent
+                self._end_run(pool, assignment, lease, state, slot.lost, work, result)
+            elif key not in work:  # the batch is stopping (cancel, expiry, pool deleted)
+                self._revoke(slot, key)
+            else:
+                held.add(key)
+                running.append(RunningShard(work[key].queued, key, lease.preemptions))
         return held, running
 
     @staticmethod
