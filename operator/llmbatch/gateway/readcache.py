@@ -3,9 +3,11 @@
 A burst of polls of the same batch (many clients, or one impatient one) should not cost the API
 server one GET per request. A request joins a GET of the same object already in flight, and an
 answer younger than a short TTL (``LLMBATCH_GATEWAY_READ_CACHE_SECONDS``, default 1 s, 0 = off)
-is served again (past the TTL it is still answered while one background GET refreshes it): status
-the operator writes shows up about that much later. Writes through the
-gateway (create, cancel, delete) update the entry, so a client reads its own writes.
+is served again. Past the TTL a poll starts (or joins) one GET that refreshes it and waits for
+it up to :data:`STALE_WAIT_SECONDS`: the fresh answer when the API server is quick, else the
+cached one while the GET goes on, so a slow API server never holds up a poll for long and a
+client that polls once (say, after a webhook) still sees status the operator wrote since. Writes
+through the gateway (create, cancel, delete) update the entry, so a client reads its own writes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from llmbatch.gateway.kube import KubeAPI
 
 Key = tuple[str, str, str]
 log = logging.getLogger(__name__)
+#: How long a poll past the TTL waits for the refreshing GET before it takes the cached answer.
+STALE_WAIT_SECONDS = 0.02
 
 
 class ReadCache:
@@ -38,8 +42,8 @@ class ReadCache:
         """The object (treat it as read-only: it may be shared with other requests).
 
         Fresh entries are answered at once; an entry past its TTL (but younger than the grace
-        period) is answered at once too while one background GET refreshes it, so a slow API
-        server never holds up a poll that has an answer to give.
+        period) is refreshed by one GET, awaited up to :data:`STALE_WAIT_SECONDS`: its answer
+        if it came, else the cached one (the GET goes on and updates the entry).
         """
         key = (plural, namespace, name)
         if self.ttl > 0:
@@ -49,16 +53,25 @@ class ReadCache:
                 if hit[0] > now:
                     return hit[1]
                 if hit[0] + self.grace > now:
-                    if key not in self._inflight:
-                        task = asyncio.create_task(self._fetch(key))
-                        self._background.add(task)
-                        task.add_done_callback(self._background_done)
-                    return hit[1]
+                    return await self._refreshed(key, hit[1])
         pending = self._inflight.get(key)
         if pending is not None:
             self.coalesced += 1
             return await asyncio.shield(pending)
         return await self._fetch(key)
+
+    async def _refreshed(self, key: Key, cached: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The answer of the GET refreshing ``key`` if it comes within the wait, else ``cached``."""
+        refresh: asyncio.Future[dict[str, Any] | None] | None = self._inflight.get(key)
+        if refresh is None:
+            task = asyncio.create_task(self._fetch(key))
+            self._background.add(task)
+            task.add_done_callback(self._background_done)
+            refresh = task
+        try:
+            return await asyncio.wait_for(asyncio.shield(refresh), STALE_WAIT_SECONDS)
+        except Exception:  # too slow, or failed: the cached answer (a failure is logged)
+            return cached
 
     def _background_done(self, task: asyncio.Task[dict[str, Any] | None]) -> None:
         self._background.discard(task)
