@@ -274,7 +274,7 @@ def create_batch(base: str, key: str) -> str:
         "custom_id": "r1",
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
     }
     f = httpx.post(
         base + "/v1/files",
@@ -282,7 +282,8 @@ def create_batch(base: str, key: str) -> str:
         files={"file": ("a.jsonl", json.dumps(line).encode() + b"\n")},
         data={"purpose": "batch"},
     )
-    f.raise_for_status()
+    if f.is_error:
+        raise SystemExit(f"upload refused: {f.status_code} {f.text}")
     b = httpx.post(
         base + "/v1/batches",
         headers=headers,
