@@ -137,50 +137,35 @@ class S3Store(ObjectStore):
 
     def _probe_if_match(self) -> bool:
         """Put a probe, then put it again under a wrong ``If-Match``: 412 means enforced."""
-        probe = f"{self.prefix}{RESERVED_SEGMENT_PREFIX}probe/{uuid.uuid4().hex}"
-        try:
-            self._call(
-                "probe", probe, lambda: self.client.put_object(Bucket=self.bucket, Key=probe)
-            )
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=probe, IfMatch='"0"')
-            except ClientError as exc:
-                code = error_code(exc)
-                if code in PRECONDITION:
-                    return True
-                if code not in NOT_IMPLEMENTED:
-                    self._raise(exc, "probe", probe)
-            except BotoCoreError as exc:
-                self._raise(exc, "probe", probe)
-            log.warning("s3 %s: no If-Match; lease updates are best effort", self.bucket)
-            return False
-        finally:
-            with contextlib.suppress(ClientError, BotoCoreError):
-                self.client.delete_object(Bucket=self.bucket, Key=probe)
+        return self._probe({"IfMatch": '"0"'}, "If-Match", "lease updates")
 
     def _probe_conditional_writes(self) -> bool:
+        return self._probe({"IfNoneMatch": "*"}, "If-None-Match", "if_absent")
+
+    def _probe(self, condition: dict[str, str], header: str, what: str) -> bool:
+        """Put a probe object, then put it again under ``condition`` (which it fails): a 412
+        means the server enforces ``header``; 501 / NotImplemented, or a second put that
+        succeeds (the header ignored), means it does not, and ``what`` is best effort."""
         probe = f"{self.prefix}{RESERVED_SEGMENT_PREFIX}probe/{uuid.uuid4().hex}"
         try:
             self._call(
                 "probe", probe, lambda: self.client.put_object(Bucket=self.bucket, Key=probe)
             )
             try:
-                self.client.put_object(Bucket=self.bucket, Key=probe, IfNoneMatch="*")
+                self.client.put_object(Bucket=self.bucket, Key=probe, **condition)  # type: ignore[arg-type]
             except ClientError as exc:
                 code = error_code(exc)
                 if code in PRECONDITION:
                     return True
                 if code in NOT_IMPLEMENTED:
                     log.warning(
-                        "s3 %s: no conditional writes (%s); if_absent is best effort",
-                        self.bucket,
-                        code,
+                        "s3 %s: no %s (%s); %s is best effort", self.bucket, header, code, what
                     )
                     return False
                 self._raise(exc, "probe", probe)
             except BotoCoreError as exc:
                 self._raise(exc, "probe", probe)
-            log.warning("s3 %s ignores If-None-Match; if_absent is best effort", self.bucket)
+            log.warning("s3 %s ignores %s; %s is best effort", self.bucket, header, what)
             return False
         finally:
             with contextlib.suppress(ClientError, BotoCoreError):
