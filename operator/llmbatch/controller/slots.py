@@ -41,6 +41,7 @@ from llmbatch.controller.slotstate import (
 from llmbatch.core import keys, tiers
 from llmbatch.core.scheduling import QueuedShard
 from llmbatch.core.slots import (
+    Placement,
     RunningShard,
     SlotView,
     lease_lapsed,
@@ -57,6 +58,16 @@ log = logging.getLogger("llmbatch.controller.slots")
 T = TypeVar("T")
 #: Threads of the pool rounds' store calls (a phase runs a call per slot or grant at once).
 ROUND_THREADS = 16
+
+
+#: The Event reason of a run that ended early, by the state it ended in.
+_REASONS = {
+    "engine_failed": "EngineFailed",
+    "store_failed": "StoreFailed",
+    "lost": "SlotLost",
+    "slot_failed": "SlotFailed",
+    "ShardIncomplete": "ShardIncomplete",
+}
 
 
 def _read_channel(channel: SlotChannel) -> tuple[SlotHeartbeat | None, dict[str, Assignment]]:
@@ -151,21 +162,10 @@ class SlotScheduler:
         """One round over the pool's slots; ``batches`` is this round's listing of Batches."""
         result = SlotRound()
         namespace = pool.worker_namespace
-        jobs = await self.kube.list_jobs(namespace, f"{LABEL_POOL}={name},{LABEL_SLOT}")
         work = _work(name, batches)
-        # What a slot of each model looks like now: computed once a round, not once a slot.
-        revisions = {m.name: slot_revision(self.config, pool, m.name) for m in pool.models}
-        jobs = [job for job in jobs if not job["metadata"].get("deletionTimestamp")]
-        channels = [
-            SlotChannel(self.store, keys.slot_prefix(name, job["metadata"]["name"])) for job in jobs
-        ]
+        slots = await self._observe_all(name, pool, now)
         # The store calls of a phase run in the round's threads, a slot (or a grant) each, all
         # at once: one by one, a round of 64 seats took seconds under load.
-        reads = await asyncio.gather(*(self._io(_read_channel, c) for c in channels))
-        slots = [
-            self._observe(name, revisions, job, channel, heartbeat, assignments, now)
-            for job, channel, (heartbeat, assignments) in zip(jobs, channels, reads, strict=True)
-        ]
         settled = await asyncio.gather(
             *(self._io(self._settle, pool, slot, work, result) for slot in slots)
         )
@@ -182,21 +182,7 @@ class SlotScheduler:
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
         views = _views(live, capacity)
         placement = place((w.queued for w in waiting), views, desired, capacity)
-        by_shard = {id(w.queued): w for w in waiting}
-
-        await asyncio.gather(
-            *(
-                self._io(self._grant, name, slot_name, by_shard[id(shard)], now)
-                for shard, slot_name in placement.assign
-            )
-        )
-        for group in placement.new_slots:
-            started = await self.fleet.start(
-                name, pool, pool_uid, [by_shard[id(q)] for q in group], now, self._assign
-            )
-            result.events.append(
-                ("Normal", "SlotStarted", f"Started slot {started} for {len(group)} shards")
-            )
+        await self._carry_out(name, pool, pool_uid, placement, waiting, now, result)
         if pool.preemption == "LowerPriority" and placement.waiting:
             await self._preempt(name, pool, live, running, placement.waiting, result)
         result.waiting = placement.waiting
@@ -213,6 +199,48 @@ class SlotScheduler:
         result.warm = sum(1 for s in live if s.open) + len(placement.new_slots) + prestarted
         result.busy = len(busy) + len(placement.new_slots)
         return result
+
+    async def _carry_out(
+        self,
+        name: str,
+        pool: BatchPoolSpec,
+        pool_uid: str | None,
+        placement: Placement,
+        waiting: list[Work],
+        now: float,
+        result: SlotRound,
+    ) -> None:
+        """Grant the shards placed on slots (all at once) and start the new slots."""
+        by_shard = {id(w.queued): w for w in waiting}
+        await asyncio.gather(
+            *(
+                self._io(self._grant, name, slot_name, by_shard[id(shard)], now)
+                for shard, slot_name in placement.assign
+            )
+        )
+        for group in placement.new_slots:
+            started = await self.fleet.start(
+                name, pool, pool_uid, [by_shard[id(q)] for q in group], now, self._assign
+            )
+            result.events.append(
+                ("Normal", "SlotStarted", f"Started slot {started} for {len(group)} shards")
+            )
+
+    async def _observe_all(self, name: str, pool: BatchPoolSpec, now: float) -> list[ObservedSlot]:
+        """Every slot of the pool that is not being deleted: its Job, heartbeat, assignments."""
+        selector = f"{LABEL_POOL}={name},{LABEL_SLOT}"
+        jobs = await self.kube.list_jobs(pool.worker_namespace, selector)
+        jobs = [job for job in jobs if not job["metadata"].get("deletionTimestamp")]
+        # What a slot of each model looks like now: computed once a round, not once a slot.
+        revisions = {m.name: slot_revision(self.config, pool, m.name) for m in pool.models}
+        channels = [
+            SlotChannel(self.store, keys.slot_prefix(name, job["metadata"]["name"])) for job in jobs
+        ]
+        reads = await asyncio.gather(*(self._io(_read_channel, c) for c in channels))
+        return [
+            self._observe(name, revisions, job, channel, heartbeat, assignments, now)
+            for job, channel, (heartbeat, assignments) in zip(jobs, channels, reads, strict=True)
+        ]
 
     def _forget(self, slot: str) -> None:
         self._seen.pop(slot, None)
@@ -363,13 +391,7 @@ class SlotScheduler:
             )
         if state == "preempted":
             return self._update(assignment, lease, state="released", reason=None, message=None)
-        reason = {
-            "engine_failed": "EngineFailed",
-            "store_failed": "StoreFailed",
-            "lost": "SlotLost",
-            "slot_failed": "SlotFailed",
-            "ShardIncomplete": "ShardIncomplete",
-        }.get(state, "ShardFailed")
+        reason = _REASONS.get(state, "ShardFailed")
         attempts = lease.attempts + 1
         give_up = attempts > pool.executor.backoff_limit or state == "slot_failed"
         if give_up:
