@@ -11,7 +11,6 @@ from collections import Counter
 import pytest
 
 from llmbatch.api.slot import ShardLease, ShardReport, SlotHeartbeat
-from llmbatch.controller.pools import ACCEPTED_TTL, running_entry
 from llmbatch.core import keys
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
@@ -340,38 +339,3 @@ def test_shards_found_waiting_are_not_read_again_while_they_wait(
     h.run_slot(slot, exits=False)
     h.pool_round()  # the seat goes to the next in line, without reading it again either
     assert lease_of(h, names[1]).state == "granted"  # type: ignore[attr-defined]
-
-
-def test_a_batch_accepted_here_counts_as_running_until_the_watch_shows_it(
-    h: ReconcilerHarness,
-) -> None:
-    """The batch handler hands a batch it just accepted to its pool at once: under load the
-    watch (the index the rounds read) shows it seconds later. The handed-over entry lasts until
-    an event shows the batch accepted or later, or it is deleted, or ACCEPTED_TTL passes."""
-    pools = h.pools
-    batch = {
-        "metadata": {"uid": "u1", "namespace": TENANT, "name": "batch-" + "u" * 24},
-        "spec": {},
-        "status": {
-            "status": "in_progress",
-            "pool": "pool-a",
-            "shards": [{"index": 0, "phase": "Pending", "requestCount": 2}],
-        },
-    }
-
-    def uids(indexed: list[dict[str, object]]) -> list[object]:
-        return [b["metadata"]["uid"] for b in pools.running_batches("pool-a", indexed)]  # type: ignore[index]
-
-    pools.notice_accepted(batch)
-    assert uids([]) == ["u1"]
-    assert uids(list(running_entry(batch).values())) == ["u1"]  # shown by the index: once
-    pools.notice_batch({"status": "validating"}, "u1")  # an older event
-    assert uids([]) == ["u1"]
-    pools.notice_batch({"status": "in_progress", "pool": "pool-a"}, "u1")  # the acceptance
-    assert uids([]) == []
-    pools.notice_accepted(batch)
-    pools.notice_batch({}, "u1", deleted=True)
-    assert uids([]) == []
-    pools.notice_accepted(batch)
-    h.now += ACCEPTED_TTL + 1
-    assert uids([]) == []
