@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
 
 LeaseState = Literal["granted", "released", "done", "failed", "fenced"]
+#: Lease states in which a shard may still be (re)granted: held by a slot, or back in the queue.
+OPEN_LEASE_STATES: tuple[LeaseState, ...] = ("granted", "released")
 ShardState = Literal["running", "done", "preempted", "engine_failed", "store_failed", "lease_lost"]
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.api.shard import ShardSpec
-from llmbatch.api.slot import Assignment, ShardLease, SlotHeartbeat
+from llmbatch.api.slot import OPEN_LEASE_STATES, Assignment, ShardLease, SlotHeartbeat
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.jobs import (
@@ -299,7 +299,7 @@ class SlotScheduler:
         lease = read_lease(self.store, work.lease_key)
         if lease is None:  # never placed: queued once the batch has written its spec
             return self.store.head(work.spec_key) is not None
-        return lease.state in ("granted", "released")
+        return lease.state in OPEN_LEASE_STATES
 
     # --- settling ended runs -----------------------------------------------------------------
 
@@ -471,9 +471,14 @@ class SlotScheduler:
             )
 
     def _take_back(self, slot: ObservedSlot, key: str) -> None:
-        """Count a preemption on the shard's lease and revoke it (store calls: in a thread)."""
+        """Count a preemption on the shard's lease (while it is still this run's) and revoke it
+        (store calls: in a thread)."""
         assignment = slot.assignments[key]
-        lease = read_lease(self.store, lease_key(assignment))
-        if lease is not None:
-            self._update(assignment, lease, preemptions=lease.preemptions + 1)
+
+        def count(lease: ShardLease | None) -> ShardLease | None:
+            if lease is None or lease.generation != assignment.generation:
+                return None
+            return lease.model_copy(update={"preemptions": lease.preemptions + 1})
+
+        update_lease(self.store, lease_key(assignment), count)
         slot.channel.revoke(key)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from llmbatch.api.slot import Assignment, ShardLease, SlotHeartbeat
+from llmbatch.api.slot import OPEN_LEASE_STATES, Assignment, ShardLease, SlotHeartbeat
 from llmbatch.core import keys
 from llmbatch.storage.base import (
     ObjectChanged,
@@ -164,7 +164,7 @@ def grant_lease(store: ObjectStore, lease_key: str, slot: str, now: float) -> Sh
     batch's finalisation, which may have happened after the caller looked)."""
 
     def grant(previous: ShardLease | None) -> ShardLease | None:
-        if previous is not None and previous.state not in ("granted", "released"):
+        if previous is not None and previous.state not in OPEN_LEASE_STATES:
             return None
         base = previous or ShardLease(generation=0, state="released")
         return base.model_copy(
@@ -186,7 +186,7 @@ def fence_lease(store: ObjectStore, lease_key: str) -> ShardLease | None:
     def fence(lease: ShardLease | None) -> ShardLease | None:
         if lease is None:  # never placed: a fenced lease keeps a late grant from placing it
             return ShardLease(generation=1, slot="", state="fenced")
-        if lease.state not in ("granted", "released"):
+        if lease.state not in OPEN_LEASE_STATES:
             return None
         return lease.model_copy(
             update={"generation": lease.generation + 1, "slot": "", "state": "fenced"}
