@@ -370,7 +370,10 @@ def test_install_guide_runs_as_written(
         assert not left, f"{kind} left after uninstall: {[o['metadata']['name'] for o in left]}"
     assert not _json(cluster, "get", "batchpools")["items"]
     assert not _json(cluster, "get", "batches", "-A")["items"]
-    assert not _json(cluster, "get", "jobs,pods", "-n", WORKERS)["items"]
+    left = _json(cluster, "get", "jobs,pods", "-n", WORKERS)["items"]
+    assert not left, [
+        (o["kind"], o["metadata"]["name"], o["metadata"]["creationTimestamp"]) for o in left
+    ]
     crds = {o["metadata"]["name"] for o in _json(cluster, "get", "crd")["items"]}
     assert {"batches.llmbatch.io", "batchpools.llmbatch.io", "clusterkopfpeerings.kopf.dev"} <= crds
     for namespace in (RELEASE_NAMESPACE, WORKERS):

@@ -317,3 +317,37 @@ def test_min_slots_are_started_before_work_and_outlive_their_idle_time(
     assert status["shards"][0]["job"] == slot  # the warm slot took it
     cluster.kubectl("patch", "batchpool", pool, "--type=merge", "-p", '{"spec":{"minSlots":0}}')
     wait_for(lambda: not running_slots(), 60, "the slot idled out", operator_process.logs)
+
+
+def test_a_pool_deleted_under_running_batches_leaves_no_pod_and_ends_them_clearly(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """`kubectl delete batchpool` while its slot runs a shard returns only when no slot Job or
+    pod of the pool is left (the operator deletes them and waits: the garbage collector alone
+    may not watch a new CRD yet); the batch keeps what its slot committed, writes
+    `pool_deleted` lines for the rest (each request exactly once) and ends `failed`."""
+    pool = make_pool(cluster, tmp_path, max_slots=1, shard_requests=40, engine_args=SLOW)
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(40))
+
+    def answering() -> bool:
+        counts = (get_batch(cluster, namespace, name).get("status") or {}).get("requestCounts")
+        return (counts or {}).get("completed", 0) >= 2
+
+    wait_for(answering, 120, "the batch answering", operator_process.logs)
+    cluster.kubectl("delete", "batchpool", pool, "--timeout=120s")
+    selector = f"llmbatch.io/pool={pool}"
+    left = kubectl_json(cluster, "get", "jobs,pods", "-n", WORKER_NAMESPACE, "-l", selector)
+    assert not left["items"], [o["metadata"]["name"] for o in left["items"]]
+    status = wait_status(cluster, operator_process, namespace, name, {"failed"})["status"]
+    assert [e["code"] for e in status["errors"]] == ["pool_deleted"]
+    counts = status["requestCounts"]
+    assert counts["total"] == 40
+    assert counts["completed"] + counts["failed"] == 40
+    assert counts["completed"] >= 2
+    outputs = read_lines(operator_process, namespace, status["outputFileID"])
+    errors = read_lines(operator_process, namespace, status["errorFileID"])
+    assert {e["error"]["code"] for e in errors} == {"pool_deleted"}
+    ids = [line["custom_id"] for line in outputs + errors]
+    assert sorted(ids) == sorted(f"req-{i}" for i in range(40))
+    assert len(outputs) == counts["completed"]
+    assert len(errors) == counts["failed"]

@@ -5,15 +5,17 @@ scale-down drains idle slots."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 from collections import Counter
 
 import pytest
 
 from llmbatch.api.slot import ShardLease, ShardReport, SlotHeartbeat
+from llmbatch.controller import metrics
 from llmbatch.core import keys
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
-from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
+from tests.fixtures.builders import TENANT, WORKERS, make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
 
 
@@ -339,3 +341,69 @@ def test_shards_found_waiting_are_not_read_again_while_they_wait(
     h.run_slot(slot, exits=False)
     h.pool_round()  # the seat goes to the next in line, without reading it again either
     assert lease_of(h, names[1]).state == "granted"  # type: ignore[attr-defined]
+
+
+def test_a_pool_deleted_during_a_round_keeps_no_slot_that_round_starts(
+    h: ReconcilerHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deletion waits for the round under way, held open here after it listed the slots:
+    the slot that round then starts is deleted too, and no round of the pool runs after."""
+    submit(h, "batch-" + "d" * 24, requests=2)
+    listed, release = asyncio.Event(), asyncio.Event()
+    list_jobs = h.kube.list_jobs
+
+    async def held_once(namespace: str, selector: str) -> list[dict[str, object]]:
+        found = await list_jobs(namespace, selector)
+        if not listed.is_set():
+            listed.set()
+            await release.wait()
+        return found
+
+    monkeypatch.setattr(h.kube, "list_jobs", held_once)
+
+    async def delete_during_round() -> int:
+        in_round = asyncio.create_task(h.pool_step())
+        await listed.wait()
+        removal = asyncio.create_task(h.pool_removal())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not removal.done(), "the deletion did not wait for the round"
+        release.set()
+        await in_round
+        return await removal
+
+    assert asyncio.run(delete_during_round()) == 0
+    assert h.jobs() == []
+    assert any(c[:2] == ("create", "jobs") for c in h.kube.calls)  # the round did start one
+    h.pool_round()
+    assert h.jobs() == []
+
+
+def test_a_pool_deletion_waits_for_its_slot_pods_then_clears_their_channels(
+    h: ReconcilerHarness,
+) -> None:
+    submit(h, "batch-" + "e" * 24, requests=2)
+    h.pool_round()
+    (job,) = h.jobs()
+    slot = job["metadata"]["name"]
+    beat(h, slot)
+    exiting = {
+        "metadata": {
+            "name": f"{slot}-pod",
+            "namespace": WORKERS,
+            "labels": dict(job["spec"]["template"]["metadata"]["labels"]),
+        }
+    }
+    h.kube.add("pods", exiting)  # its executor still commits after SIGTERM
+    assert asyncio.run(h.pool_removal()) == 1
+    assert h.jobs() == []
+    assert channel(h, slot).heartbeat() is not None  # the exiting slot may still write it
+    h.kube.remove("pods", WORKERS, f"{slot}-pod")
+    assert metrics.REGISTRY.get_sample_value("llmbatch_pool_warm_slots", {"pool": "pool-a"}) == 1
+    assert asyncio.run(h.pool_removal()) == 0
+    assert list(h.store.list(keys.pool_slots_prefix("pool-a"))) == []
+    # its gauges go: a last queue depth left behind would keep an alert firing
+    for gauge in ("llmbatch_pool_warm_slots", "llmbatch_pool_desired_slots"):
+        assert metrics.REGISTRY.get_sample_value(gauge, {"pool": "pool-a"}) is None
+    depth = {"pool": "pool-a", "tier": "standard"}
+    assert metrics.REGISTRY.get_sample_value("llmbatch_pool_queue_depth_shards", depth) is None

@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from llmbatch import logs
-from llmbatch.api.resources import GROUP, VERSION
+from llmbatch.api.resources import GROUP, VERSION, BatchPoolSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.config import OperatorConfig
@@ -221,7 +221,7 @@ async def pool_timer(
 ) -> None:
     """Size the pool, grant free slots to waiting shards, report slots and queue depth."""
     scheduler: PoolScheduler = memo.pools
-    if not scheduler.due(name):
+    if body.metadata.get("deletionTimestamp") or not scheduler.due(name):
         return
     index: kopf.Index[str, dict[str, Any]] = kwargs["running_batches"]  # kopf passes indexes
     batches = [dict(b) for b in index.get(name, [])]
@@ -230,6 +230,32 @@ async def pool_timer(
         patch.setdefault("status", {}).update(result.status)
     for event_type, reason, message in result.events:
         kopf.event(body, type=event_type, reason=reason, message=message)
+
+
+#: How long a pool's deletion waits, beyond its slots' grace period, for their pods to exit.
+POOL_DELETE_MARGIN = 60.0
+
+
+@kopf.on.delete(GROUP, VERSION, "batchpools")
+async def pool_deleted(
+    name: str, body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, runtime: Any, **_: Any
+) -> None:
+    """Delete the pool's slot Jobs and hold the pool until their pods have exited, so a
+    finished ``kubectl delete batchpool`` leaves no slot running (the owner references are a
+    backstop only: the garbage collector may not watch a new CRD for up to 30 s). A pod that
+    outlives its grace period by POOL_DELETE_MARGIN (a lost node) no longer holds the pool."""
+    scheduler: PoolScheduler = memo.pools
+    left = await scheduler.remove(name, body.metadata.get("uid"), dict(spec))
+    if not left:
+        return
+    pool = BatchPoolSpec.model_validate(dict(spec))
+    if runtime.total_seconds() < pool.executor.termination_grace_seconds + POOL_DELETE_MARGIN:
+        raise kopf.TemporaryError(f"{left} slot pods of pool {name} still exiting", delay=1)
+    kopf.warn(
+        body,
+        reason="SlotPodsLeft",
+        message=f"{left} slot pods of pool {name} did not exit (a lost node?): deleted anyway",
+    )
 
 
 @kopf.on.startup()

@@ -17,6 +17,13 @@ LABEL_BATCH_UID = "llmbatch.io/batch-uid"
 LABEL_POOL = "llmbatch.io/pool"
 LABEL_SLOT = "llmbatch.io/slot"
 LABEL_COMPONENT = "app.kubernetes.io/component"
+
+
+def slot_selector(pool_name: str) -> str:
+    """The label selector of a pool's slot Jobs and their pods."""
+    return f"{LABEL_POOL}={pool_name},{LABEL_SLOT}"
+
+
 #: The tier whose PriorityClass slot pods run under (a slot serves every tier of its pool;
 #: tiers are ordered inside the pool by the scheduler's queue).
 SLOT_PRIORITY_TIER = "standard"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -443,6 +444,18 @@ def observe_pool(
     for tier, requests in backlog.items():
         POOL_BACKLOG.labels(name, tier).set(requests)
         POOL_DRAIN_TARGET.labels(name, tier).set(drain.get(tier, 0))
+
+
+def forget_pool(name: str) -> None:
+    """Drop a deleted pool's gauges: a last backlog or queue depth left behind would keep its
+    alerts firing. Counters stay (a rate over them falls to zero by itself)."""
+    for gauge in (JOBS_RUNNING, WARM_SLOTS, DESIRED_SLOTS, POOL_MAX_SLOTS, POOL_SLOT_THROUGHPUT):
+        with contextlib.suppress(KeyError):
+            gauge.remove(name)
+    for tiered in (QUEUE_DEPTH, POOL_BACKLOG, POOL_DRAIN_TARGET):
+        for tier in TIERS:
+            with contextlib.suppress(KeyError):
+                tiered.remove(name, tier)
 
 
 def serve(port: int) -> None:

@@ -11,7 +11,9 @@ cluster autoscaler's cue to add GPU nodes.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -104,6 +106,8 @@ class PoolScheduler:
         self._rounds: dict[str, tuple[float, int]] = {}
         self._kicks: dict[str, int] = {}
         self._backlogged: set[str] = set()  # pools whose last round left shards waiting
+        self._in_round: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._deleted: set[str] = set()  # uids of pools being deleted: no round of them runs
 
     def kick(self, name: str) -> None:
         """A batch of pool ``name`` has shards waiting for their first slot: run a round soon
@@ -142,7 +146,37 @@ class PoolScheduler:
         batches: list[dict[str, Any]],
     ) -> PoolRound:
         """One round: size the pool, settle and place shards on its slots. ``batches`` are the
-        pool's running batches (:func:`running_entry`)."""
+        pool's running batches (:func:`running_entry`). A pool being deleted gets none."""
+        async with self._in_round[name]:
+            if uid is not None and uid in self._deleted:
+                return PoolRound()
+            return await self._step(name, spec, status, uid, batches)
+
+    async def remove(self, name: str, uid: str | None, spec: dict[str, Any]) -> int:
+        """The pool is being deleted: no round of it starts again, the one under way ends first
+        (so no slot starts after this), then its slot Jobs are deleted. Returns how many of its
+        slot pods are still exiting; call again until none is."""
+        if uid is not None:
+            self._deleted.add(uid)
+        async with self._in_round[name]:
+            pool = BatchPoolSpec.model_validate(spec)
+            left = await self.slots.fleet.remove_pool(name, pool.worker_namespace)
+        if not left:
+            self._rounds.pop(name, None)
+            self._kicks.pop(name, None)
+            self._backlogged.discard(name)
+            self.slots.forget_pool(name)
+            metrics.forget_pool(name)
+        return left
+
+    async def _step(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        status: dict[str, Any],
+        uid: str | None,
+        batches: list[dict[str, Any]],
+    ) -> PoolRound:
         started = time.perf_counter()
         pool = BatchPoolSpec.model_validate(spec)
         now = self.clock()

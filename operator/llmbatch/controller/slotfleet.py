@@ -14,7 +14,7 @@ from llmbatch.api.shard import EngineSpec, ModelRef
 from llmbatch.api.slot import SlotSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import build_slot_job, engine_args, slot_revision
+from llmbatch.controller.jobs import build_slot_job, engine_args, slot_revision, slot_selector
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.slotstate import (
     ObservedSlot,
@@ -25,6 +25,7 @@ from llmbatch.controller.slotstate import (
 from llmbatch.core import keys
 from llmbatch.core.slots import Placement
 from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.slotchannel import clear_pool_channels
 
 ANNOTATION_MODEL = "llmbatch.io/model"
 ANNOTATION_REVISION = "llmbatch.io/slot-revision"
@@ -146,6 +147,22 @@ class SlotFleet:
         self._kept.discard(slot.name)
         await self.kube.delete_job(namespace, slot.name)
         await asyncio.to_thread(slot.channel.clear)
+
+    async def remove_pool(self, pool_name: str, namespace: str) -> int:
+        """Delete every slot Job of a deleted pool; how many of its slot pods are still there
+        (each executor takes SIGTERM, commits and exits). Once none is, the pool's channels go
+        too: a slot that is still exiting may write its last heartbeat."""
+        selector = slot_selector(pool_name)
+        for job in await self.kube.list_jobs(namespace, selector):
+            slot = job["metadata"]["name"]
+            self.forget(slot)
+            self._kept.discard(slot)
+            if not job["metadata"].get("deletionTimestamp"):
+                await self.kube.delete_job(namespace, slot)
+        left = len(await self.kube.list_pods(namespace, selector))
+        if not left:
+            await asyncio.to_thread(clear_pool_channels, self.store, pool_name)
+        return left
 
     async def retire(self, namespace: str, slot: ObservedSlot, result: SlotRound) -> None:
         """A slot started before its pool was edited takes no new shard. What it was given but

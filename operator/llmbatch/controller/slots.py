@@ -22,11 +22,7 @@ from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import OPEN_LEASE_STATES, Assignment, ShardLease, SlotHeartbeat
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import (
-    LABEL_POOL,
-    LABEL_SLOT,
-    slot_revision,
-)
+from llmbatch.controller.jobs import slot_revision, slot_selector
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.slotfleet import ANNOTATION_MODEL, ANNOTATION_REVISION, SlotFleet
 from llmbatch.controller.slotstate import (
@@ -228,7 +224,7 @@ class SlotScheduler:
 
     async def _observe_all(self, name: str, pool: BatchPoolSpec, now: float) -> list[ObservedSlot]:
         """Every slot of the pool that is not being deleted: its Job, heartbeat, assignments."""
-        selector = f"{LABEL_POOL}={name},{LABEL_SLOT}"
+        selector = slot_selector(name)
         jobs = await self.kube.list_jobs(pool.worker_namespace, selector)
         jobs = [job for job in jobs if not job["metadata"].get("deletionTimestamp")]
         # What a slot of each model looks like now: computed once a round, not once a slot.
@@ -241,6 +237,10 @@ class SlotScheduler:
             self._observe(name, revisions, job, channel, heartbeat, assignments, now)
             for job, channel, (heartbeat, assignments) in zip(jobs, channels, reads, strict=True)
         ]
+
+    def forget_pool(self, name: str) -> None:
+        """Drop what is remembered of a deleted pool (its slots were forgotten one by one)."""
+        self._known_waiting.pop(name, None)
 
     def _forget(self, slot: str) -> None:
         self._seen.pop(slot, None)

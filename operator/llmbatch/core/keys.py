@@ -57,9 +57,14 @@ def shard_lease_key(shard_output_prefix: str) -> str:
     return f"{shard_output_prefix}/lease.json"
 
 
+def pool_slots_prefix(pool: str) -> str:
+    """Every slot channel of one pool."""
+    return f"slots/{pool}/"
+
+
 def slot_prefix(pool: str, slot: str) -> str:
     """The channel of one warm slot: its assignments, heartbeat and drain request."""
-    return f"slots/{pool}/{slot}"
+    return f"{pool_slots_prefix(pool)}{slot}"
 
 
 def slot_assignments_prefix(channel_prefix: str) -> str:

@@ -73,8 +73,7 @@ class SlotChannel:
 
     def clear(self) -> None:
         """Remove the whole channel (the slot is gone)."""
-        for info in list(self.store.list(self.prefix + "/")):
-            self.store.delete(info.key)
+        _delete_under(self.store, self.prefix + "/")
 
     # --- slot side -------------------------------------------------------------------------------
 
@@ -214,3 +213,13 @@ class LeaseFence:
                 f"({self.generation})"
             )
         return None
+
+
+def clear_pool_channels(store: ObjectStore, pool: str) -> None:
+    """Remove every slot channel of a deleted pool (once none of its slot pods is left)."""
+    _delete_under(store, keys.pool_slots_prefix(pool))
+
+
+def _delete_under(store: ObjectStore, prefix: str) -> None:
+    for info in list(store.list(prefix)):
+        store.delete(info.key)

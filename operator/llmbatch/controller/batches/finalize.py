@@ -25,7 +25,7 @@ from llmbatch.controller.batches.deps import PhaseDeps
 from llmbatch.controller.batches.gputime import gpu_time_charge
 from llmbatch.controller.batches.merge import MergedResults, ShardOutcome, merge_shard_outputs
 from llmbatch.controller.batches.step import BatchView, Step, error, transition
-from llmbatch.controller.jobs import LABEL_BATCH_UID, LABEL_POOL
+from llmbatch.controller.jobs import LABEL_BATCH_UID, slot_selector
 from llmbatch.controller.slotstate import work_key
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
@@ -76,8 +76,8 @@ class Finalization(PhaseDeps):
         leases = await self._leases(batch)
         namespace = await self.worker_namespace(batch)
         slots: set[str] = set()
-        if namespace is not None and leases:
-            selector = f"{LABEL_POOL}={batch.status.pool}"
+        if namespace is not None and leases and batch.status.pool:
+            selector = slot_selector(batch.status.pool)
             slots = {j["metadata"]["name"] for j in await self.kube.list_jobs(namespace, selector)}
         stopped = True
         for shard, lease in leases:
