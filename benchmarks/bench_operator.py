@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from typing import Any
 
 from llmbatch.api.slot import ShardLease
@@ -50,18 +51,21 @@ def kubectl(kubeconfig: pathlib.Path, *args: str, stdin: str | None = None) -> s
     return result.stdout
 
 
-def request_counts(kubeconfig: pathlib.Path) -> tuple[float, float]:
-    """(all API requests, requests on llmbatch.io resources) served so far."""
+def request_counts(kubeconfig: pathlib.Path) -> Counter[str]:
+    """API requests served so far by ``verb resource[/subresource]`` (every code)."""
     text = kubectl(kubeconfig, "get", "--raw", "/metrics")
-    total = ours = 0.0
+    counts: Counter[str] = Counter()
     for line in text.splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
-        value = float(line.rsplit(" ", 1)[1])
-        total += value
-        if re.search(r'group="llmbatch\.io"', line):
-            ours += value
-    return total, ours
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        kind = labels.get("resource", "?")
+        if labels.get("subresource"):
+            kind += "/" + labels["subresource"]
+        if labels.get("group") == "llmbatch.io":
+            kind += ".llmbatch.io"
+        counts[f"{labels.get('verb', '?')} {kind}"] += float(line.rsplit(" ", 1)[1])  # type: ignore[assignment]
+    return counts
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -295,10 +299,14 @@ def main() -> None:
                 f"p95 {percentile(to_done, 0.95):6.1f} s"
             )
         print(f"operator peak RSS     {rss:6.1f} MiB")
+        spent = after - before
+        ours = sum(n for kind, n in spent.items() if kind.endswith(".llmbatch.io"))
         print(
-            f"API requests / batch  {(after[0] - before[0]) / args.batches:6.1f} (all clients), "
-            f"{(after[1] - before[1]) / args.batches:6.1f} on llmbatch.io resources"
+            f"API requests / batch  {sum(spent.values()) / args.batches:6.1f} (all clients), "
+            f"{ours / args.batches:6.1f} on llmbatch.io resources; the most:"
         )
+        for kind, n in spent.most_common(8):
+            print(f"    {n / args.batches:6.2f}  {kind}")
         print(f"mean batch duration   {statistics.mean(to_done) if to_done else 0:6.1f} s")
     finally:
         if operator is not None:

@@ -581,6 +581,18 @@ def test_fs_symlink_cannot_escape_root(fs_store: FilesystemStore, tmp_path: path
     assert not (outside / "new").exists()
 
 
+def test_fs_symlinked_object_cannot_escape_root(
+    fs_store: FilesystemStore, tmp_path: pathlib.Path
+) -> None:
+    """The key's own name is checked on every call, after its directory was found fine."""
+    (tmp_path / "secret").write_bytes(b"secret")
+    fs_store.put("dir/plain", b"x")  # "dir" is now known to resolve inside the root
+    os.symlink(tmp_path / "secret", fs_store.root / "dir" / "link")
+    with pytest.raises(InvalidKey, match="outside"):
+        fs_store.get("dir/link")
+    assert fs_store.get("dir/plain") == b"x"
+
+
 def test_fs_object_and_prefix_conflict(fs_store: FilesystemStore) -> None:
     fs_store.put("a/b", b"x")
     with pytest.raises(StoreError):

@@ -46,6 +46,8 @@ from llmbatch.storage.streams import iter_chunks, verified_source_stream
 
 _XATTR_SHA256 = "user.llmbatch.sha256"
 _TMP_PREFIX = f"{RESERVED_SEGMENT_PREFIX}tmp-"
+#: Directories remembered as resolving inside the root (then the memory starts again).
+_CHECKED_DIRS = 4096
 
 
 def _fsync_dir(path: pathlib.Path) -> None:
@@ -105,6 +107,7 @@ class FilesystemStore(ObjectStore):
             raise ValueError(f"filesystem store root must be absolute: {root}")
         root_path.mkdir(parents=True, exist_ok=True)
         self.root = root_path.resolve()
+        self._inside: set[pathlib.Path] = set()  # directories found to resolve inside the root
 
     def __repr__(self) -> str:
         return f"FilesystemStore({str(self.root)!r})"
@@ -112,13 +115,27 @@ class FilesystemStore(ObjectStore):
     # -- keys and paths ---------------------------------------------------------------------------
 
     def _path(self, key: str) -> pathlib.Path:
+        """The key's file. A symlink inside the root must not lead a key outside it: the key's
+        directory is resolved the first time it is used (the keys of a batch or a slot share a
+        few, and resolving one costs a syscall per path component), its own name on every call
+        when it is a symlink. A directory swapped for a symlink after its first use is not seen;
+        doing that takes write access to the root, which can read every object anyway."""
         validate_key(key)
         path = self.root / key
-        # A symlink inside the root must not lead a key outside it.
+        parent = path.parent
+        if parent not in self._inside:
+            self._check_inside(key, parent)
+            if len(self._inside) >= _CHECKED_DIRS:
+                self._inside.clear()
+            self._inside.add(parent)
+        if os.path.islink(path):
+            self._check_inside(key, path)
+        return path
+
+    def _check_inside(self, key: str, path: pathlib.Path) -> None:
         real = pathlib.Path(os.path.realpath(path))
         if real != self.root and self.root not in real.parents:
             raise InvalidKey(key, "resolves outside the store root")
-        return path
 
     def _key(self, path: pathlib.Path) -> str:
         return path.relative_to(self.root).as_posix()
