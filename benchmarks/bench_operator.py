@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from typing import Any
 
 from llmbatch.api.slot import ShardLease
@@ -51,10 +50,10 @@ def kubectl(kubeconfig: pathlib.Path, *args: str, stdin: str | None = None) -> s
     return result.stdout
 
 
-def request_counts(kubeconfig: pathlib.Path) -> Counter[str]:
+def request_counts(kubeconfig: pathlib.Path) -> dict[str, float]:
     """API requests served so far by ``verb resource[/subresource]`` (every code)."""
     text = kubectl(kubeconfig, "get", "--raw", "/metrics")
-    counts: Counter[str] = Counter()
+    counts: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
@@ -64,7 +63,8 @@ def request_counts(kubeconfig: pathlib.Path) -> Counter[str]:
             kind += "/" + labels["subresource"]
         if labels.get("group") == "llmbatch.io":
             kind += ".llmbatch.io"
-        counts[f"{labels.get('verb', '?')} {kind}"] += float(line.rsplit(" ", 1)[1])  # type: ignore[assignment]
+        key = f"{labels.get('verb', '?')} {kind}"
+        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return counts
 
 
@@ -299,13 +299,13 @@ def main() -> None:
                 f"p95 {percentile(to_done, 0.95):6.1f} s"
             )
         print(f"operator peak RSS     {rss:6.1f} MiB")
-        spent = after - before
+        spent = {kind: n - before.get(kind, 0.0) for kind, n in after.items()}
         ours = sum(n for kind, n in spent.items() if kind.endswith(".llmbatch.io"))
         print(
             f"API requests / batch  {sum(spent.values()) / args.batches:6.1f} (all clients), "
             f"{ours / args.batches:6.1f} on llmbatch.io resources; the most:"
         )
-        for kind, n in spent.most_common(8):
+        for kind, n in sorted(spent.items(), key=lambda item: -item[1])[:8]:
             print(f"    {n / args.batches:6.2f}  {kind}")
         print(f"mean batch duration   {statistics.mean(to_done) if to_done else 0:6.1f} s")
     finally:

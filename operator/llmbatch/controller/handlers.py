@@ -245,10 +245,10 @@ async def pool_deleted(
     backstop only: the garbage collector may not watch a new CRD for up to 30 s). A pod that
     outlives its grace period by POOL_DELETE_MARGIN (a lost node) no longer holds the pool."""
     scheduler: PoolScheduler = memo.pools
-    left = await scheduler.remove(name, body.metadata.get("uid"), dict(spec))
+    pool = BatchPoolSpec.model_validate(dict(spec))
+    left = await scheduler.remove(name, body.metadata.get("uid"), pool)
     if not left:
         return
-    pool = BatchPoolSpec.model_validate(dict(spec))
     if runtime.total_seconds() < pool.executor.termination_grace_seconds + POOL_DELETE_MARGIN:
         raise kopf.TemporaryError(f"{left} slot pods of pool {name} still exiting", delay=1)
     kopf.warn(

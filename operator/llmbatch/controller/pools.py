@@ -152,14 +152,13 @@ class PoolScheduler:
                 return PoolRound()
             return await self._step(name, spec, status, uid, batches)
 
-    async def remove(self, name: str, uid: str | None, spec: dict[str, Any]) -> int:
+    async def remove(self, name: str, uid: str | None, pool: BatchPoolSpec) -> int:
         """The pool is being deleted: no round of it starts again, the one under way ends first
         (so no slot starts after this), then its slot Jobs are deleted. Returns how many of its
         slot pods are still exiting; call again until none is."""
         if uid is not None:
             self._deleted.add(uid)
         async with self._in_round[name]:
-            pool = BatchPoolSpec.model_validate(spec)
             left = await self.slots.fleet.remove_pool(name, pool.worker_namespace)
         if not left:
             self._rounds.pop(name, None)

@@ -31,7 +31,7 @@ from llmbatch.core.retention import (
     StoredFile,
     plan_retention,
 )
-from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.base import ObjectStore, delete_under
 
 log = logging.getLogger(__name__)
 
@@ -179,15 +179,7 @@ class RetentionSweeper:
 
     async def _remove_work_area(self, batch: BatchRef, report: SweepReport) -> None:
         prefix = keys.work_prefix(batch.namespace, batch.uid) + "/"
-
-        def remove() -> int:
-            freed = 0
-            for info in list(self.store.list(prefix)):
-                self.store.delete(info.key)
-                freed += info.size
-            return freed
-
-        freed = await asyncio.to_thread(remove)
+        freed = await asyncio.to_thread(delete_under, self.store, prefix)
         if freed:
             metrics.RETENTION_FREED_BYTES.labels("work").inc(freed)
             report.bytes_freed += freed

@@ -233,3 +233,12 @@ class ObjectStore(abc.ABC):
         source once for it) and recorded on the object. ``if_absent`` is as for :meth:`put`.
         An empty ``sources`` writes an empty object.
         """
+
+
+def delete_under(store: ObjectStore, prefix: str) -> int:
+    """Delete every object whose key starts with ``prefix``; the bytes freed."""
+    freed = 0
+    for info in list(store.list(prefix)):
+        store.delete(info.key)
+        freed += info.size
+    return freed

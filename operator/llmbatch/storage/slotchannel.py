@@ -25,6 +25,7 @@ from llmbatch.storage.base import (
     ObjectStore,
     StoreError,
     Versioned,
+    delete_under,
 )
 
 log = logging.getLogger("llmbatch.storage")
@@ -73,7 +74,7 @@ class SlotChannel:
 
     def clear(self) -> None:
         """Remove the whole channel (the slot is gone)."""
-        _delete_under(self.store, self.prefix + "/")
+        delete_under(self.store, self.prefix + "/")
 
     # --- slot side -------------------------------------------------------------------------------
 
@@ -217,9 +218,4 @@ class LeaseFence:
 
 def clear_pool_channels(store: ObjectStore, pool: str) -> None:
     """Remove every slot channel of a deleted pool (once none of its slot pods is left)."""
-    _delete_under(store, keys.pool_slots_prefix(pool))
-
-
-def _delete_under(store: ObjectStore, prefix: str) -> None:
-    for info in list(store.list(prefix)):
-        store.delete(info.key)
+    delete_under(store, keys.pool_slots_prefix(pool))

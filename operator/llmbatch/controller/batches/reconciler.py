@@ -32,7 +32,7 @@ from llmbatch.controller.credits import CreditLedger
 from llmbatch.controller.kube import Kube
 from llmbatch.core import keys, lifecycle, tiers
 from llmbatch.core.ids import batch_id_from_name
-from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.base import ObjectStore, delete_under
 
 STALE_BODY_SECONDS = 30.0
 
@@ -193,8 +193,7 @@ class BatchReconciler:
         ]
 
         def remove() -> None:
-            for info in list(self.store.list(prefix)):
-                self.store.delete(info.key)
+            delete_under(self.store, prefix)
             for key in results:  # the garbage collector removes the objects, not the bytes
                 self.store.delete(key)
 
