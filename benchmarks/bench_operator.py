@@ -7,8 +7,10 @@ reports, each batch timed from the moment its create request was sent: → its f
 to a slot (the lease's ``grantedAt``) p50/p95, → first result (its first result chunk committed
 in the store) p50/p95, → ``completed`` p50/p95; the slots started, the operator's peak RSS, and
 API-server requests per batch (all clients, and the llmbatch.io resources alone), read from the
-API server's own ``apiserver_request_total`` counter. The operator runs with its production
-intervals (reconcile 2 s, progress fold 5 s, slot poll 1 s).
+API server's own ``apiserver_request_total`` counter, and the CPU time the control plane, the
+operator and the slots used from the first create until all completed (from ``/proc``: on a
+small machine they share the cores, and the latencies are what that sharing leaves). The
+operator runs with its production intervals (reconcile 2 s, progress fold 5 s, slot poll 1 s).
 
     .venv/bin/python benchmarks/bench_operator.py [--batches 200] [--requests 10]
         [--slot-concurrency N]  # shards per slot; default: the pool default (unset)
@@ -142,6 +144,33 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
+def cpu_seconds(operator_pid: int) -> dict[str, float]:
+    """CPU time (user + system) each part of the run has used so far, from ``/proc``: the
+    control plane (the ``testcluster`` process: API server, etcd, controllers), the operator,
+    the slot processes and everything else (this benchmark's kubectl calls among them)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # exited meanwhile
+            continue
+        program = pathlib.Path(argv[0].decode(errors="replace")).name
+        if int(entry.name) == operator_pid:
+            part = "operator"
+        elif program == "testcluster":
+            part = "control plane"
+        elif b"llmbatch" in b" ".join(argv) and b"slot" in b" ".join(argv):
+            part = "slots"
+        else:
+            part = "other"
+        used[part] = used.get(part, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=200)
@@ -232,6 +261,7 @@ def main() -> None:
                 }
             )
         before = request_counts(kc)
+        cpu_before = cpu_seconds(operator.pid)
         started = time.time()
         sent = asyncio.run(create_at_once(kc, batches))
         print(f"created {len(sent)} batches in {max(sent.values()) - started:.1f} s (32 at a time)")
@@ -265,6 +295,8 @@ def main() -> None:
                     done.setdefault(name, now)
             time.sleep(1)
         after = request_counts(kc)
+        cpu = cpu_seconds(operator.pid)
+        wall = time.time() - started
         rss = peak_rss_mib(operator.pid)
         accepted, granted, first_result = first_commits(kc, work / "store")
         to_accept = [t - sent[name] for name, t in accepted.items()]
@@ -308,6 +340,13 @@ def main() -> None:
         for kind, n in sorted(spent.items(), key=lambda item: -item[1])[:8]:
             print(f"    {n / args.batches:6.2f}  {kind}")
         print(f"mean batch duration   {statistics.mean(to_done) if to_done else 0:6.1f} s")
+        cores = os.cpu_count() or 1
+        spent_cpu = {part: t - cpu_before.get(part, 0.0) for part, t in cpu.items()}
+        print(
+            f"CPU while measured    {sum(spent_cpu.values()):6.1f} s of {cores} cores x "
+            f"{wall:.0f} s wall = {cores * wall:.0f} s:  "
+            + ",  ".join(f"{part} {t:.1f} s" for part, t in sorted(spent_cpu.items()))
+        )
     finally:
         if operator is not None:
             operator.terminate()

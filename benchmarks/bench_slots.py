@@ -63,6 +63,7 @@ class SlotLife:
     started_at: float
     busy: float = 0.0
     last_seen: float = 0.0
+    seq: int = 0
 
 
 @dataclass
@@ -212,15 +213,19 @@ class Stack:
                 run.slot_jobs.add(item["metadata"]["name"])
             else:
                 run.pod_starts.add(item["metadata"]["uid"])
-        now = time.time()
         for path in (self.store / "slots" / POOL).glob("*/heartbeat.json"):
             try:
                 beat = SlotHeartbeat.model_validate_json(path.read_bytes())
             except (OSError, ValueError):
                 continue
             life = run.slots.setdefault(beat.slot, SlotLife(started_at=beat.started_at))
-            life.busy = max(life.busy, beat.busy_seconds)
-            life.last_seen = min(now, path.stat().st_mtime) if beat.state == "exited" else now
+            if beat.seq > life.seq:
+                # busy time and lifetime as of one instant, the heartbeat's own write (``seq``
+                # is its wall-clock milliseconds, the clock of ``started_at``): timed to now,
+                # the lifetime would gain up to a heartbeat interval the busy time cannot show.
+                life.seq = beat.seq
+                life.busy = beat.busy_seconds
+                life.last_seen = beat.seq / 1000
         batches = json.loads(kubectl(self.kc, "get", "batches", "-n", NAMESPACE, "-o", "json"))
         return {b["metadata"]["name"]: b for b in batches["items"]}
 

@@ -165,6 +165,7 @@ def smollm2_run(
     async def go() -> Outcome:
         engine = create_engine(specs[0].engine, specs[0].model, specs[0].served_names())
         await engine.start()
+        _record_engine_core(engine, root / "engine-core.json")
         try:
             store = FilesystemStore(root)
             outcome, _ = await run_shards(
@@ -175,6 +176,38 @@ def smollm2_run(
         return outcome
 
     return root, asyncio.run(go())
+
+
+def _record_engine_core(engine: Any, path: Path) -> None:
+    """What the running engine's core process is (vLLM's own handle on it): its parent's
+    command line and the shared libraries it has loaded."""
+    manager = engine._client.engine_core.resources.engine_manager
+    [handle] = manager.processes
+    core = psutil.Process(handle.pid)
+    parent = core.parent()
+    assert parent is not None
+    path.write_text(
+        json.dumps(
+            {
+                "parent": parent.cmdline(),
+                "parent_is_us": parent.pid == os.getpid(),
+                "libraries": sorted({m.path for m in core.memory_maps() if ".so" in m.path}),
+            }
+        )
+    )
+
+
+def test_the_engine_core_is_forked_from_the_preloaded_server(
+    smollm2_run: tuple[Path, Outcome],
+) -> None:
+    """vLLM's CPU platform would spawn the engine core, which then imports torch and vLLM again
+    after us: it is forked from the forkserver that imported them meanwhile, and it has the
+    libraries vLLM preloads for its children (torch's libgomp)."""
+    root, _ = smollm2_run
+    core = json.loads((root / "engine-core.json").read_text())
+    assert not core["parent_is_us"]
+    assert "multiprocessing.forkserver" in " ".join(core["parent"])
+    assert any(Path(lib).name.startswith("libgomp") for lib in core["libraries"])
 
 
 def test_chat_lines_parse_with_the_sdk(smollm2_run: tuple[Path, Outcome]) -> None:

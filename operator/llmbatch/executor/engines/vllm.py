@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from llmbatch.api.shard import ModelRef
+from llmbatch.executor.engines import vllmcore
 from llmbatch.executor.engines.base import (
     Engine,
     EngineConfigError,
@@ -150,6 +151,9 @@ class VllmEngine(Engine):
             os.environ.setdefault(key, value)
         argv = engine_argv(self.model, self.served_names, self.args)
         log.info("starting vLLM: %s", " ".join(argv))
+        core_server = self.cpu and vllmcore.enabled()
+        if core_server:  # its import of the engine core runs while we import the rest
+            vllmcore.start_server()
 
         entry = "vllm.entrypoints.launchers.api_server.entry"
         build_async_engine_client = _load(entry, "build_async_engine_client")
@@ -175,6 +179,8 @@ class VllmEngine(Engine):
             "create_error_response": _load("vllm.entrypoints.serve", "create_error_response"),
         }
 
+        if core_server:
+            vllmcore.use_for_engine_core()
         parser = make_arg_parser(parser_class(prog="llmbatch-executor"))
         try:
             ns = parser.parse_args(["-i", "-", "-o", "-", *argv])
