@@ -144,12 +144,12 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def cpu_seconds(operator_pid: int) -> dict[str, float]:
-    """CPU time (user + system) each part of the run has used so far, from ``/proc``: the
-    control plane (the ``testcluster`` process: API server, etcd, controllers), the operator,
-    the slot processes and everything else (this benchmark's kubectl calls among them)."""
+def cpu_seconds(operator_pid: int) -> dict[int, tuple[str, float]]:
+    """CPU time (user + system) each process has used so far, from ``/proc``, with the part of
+    the run it belongs to: the control plane (the ``testcluster`` process: API server, etcd,
+    controllers), the operator, the slot processes and everything else."""
     tick = os.sysconf("SC_CLK_TCK")
-    used: dict[str, float] = {}
+    used: dict[int, tuple[str, float]] = {}
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -167,8 +167,20 @@ def cpu_seconds(operator_pid: int) -> dict[str, float]:
             part = "slots"
         else:
             part = "other"
-        used[part] = used.get(part, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        used[int(entry.name)] = (part, (int(fields[11]) + int(fields[12])) / tick)
     return used
+
+
+def cpu_by_part(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU time each part used between the two readings: the processes alive at the second
+    (one that exited in between, such as a kubectl call, is not counted)."""
+    spent: dict[str, float] = {}
+    for pid, (part, seconds) in after.items():
+        earlier = before.get(pid, (part, 0.0))[1]
+        spent[part] = spent.get(part, 0.0) + max(0.0, seconds - earlier)
+    return spent
 
 
 def main() -> None:
@@ -341,7 +353,7 @@ def main() -> None:
             print(f"    {n / args.batches:6.2f}  {kind}")
         print(f"mean batch duration   {statistics.mean(to_done) if to_done else 0:6.1f} s")
         cores = os.cpu_count() or 1
-        spent_cpu = {part: t - cpu_before.get(part, 0.0) for part, t in cpu.items()}
+        spent_cpu = cpu_by_part(cpu_before, cpu)
         print(
             f"CPU while measured    {sum(spent_cpu.values()):6.1f} s of {cores} cores x "
             f"{wall:.0f} s wall = {cores * wall:.0f} s:  "
