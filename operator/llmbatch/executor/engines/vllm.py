@@ -151,9 +151,8 @@ class VllmEngine(Engine):
             os.environ.setdefault(key, value)
         argv = engine_argv(self.model, self.served_names, self.args)
         log.info("starting vLLM: %s", " ".join(argv))
-        core_server = self.cpu and vllmcore.enabled()
-        if core_server:  # its import of the engine core runs while we import the rest
-            vllmcore.start_server()
+        # on CPU, the engine core's import runs in a forkserver while we import the rest
+        core_server = self.cpu and vllmcore.enabled() and vllmcore.start_server()
 
         entry = "vllm.entrypoints.launchers.api_server.entry"
         build_async_engine_client = _load(entry, "build_async_engine_client")

@@ -7,7 +7,8 @@ from nothing *after* the executor's own import has finished: on a 2-core machine
 26 s engine start, spent one after the other while the second core idles. Here a
 ``forkserver`` is started before the executor imports vLLM, with the engine core's modules as
 its preload, so the two imports run at once; the engine core is then forked from the loaded
-server (:func:`engine_core_context`, which vLLM's launcher is given in place of its own).
+server (:class:`EngineCoreContext`, which :func:`use_for_engine_core` gives vLLM's launcher in
+place of its own).
 
 What a spawned child got and a fork of an earlier process would not, and how it still gets it:
 
@@ -79,19 +80,24 @@ def cpu_preload(current: str) -> str:
     return preload
 
 
-def start_server() -> None:
+def start_server() -> bool:
     """Start the forkserver now, importing :data:`CORE_MODULES` in the background (call before
-    importing vLLM). Harmless when it runs already."""
+    importing vLLM). Harmless when it runs already. False when it cannot start (vLLM's own
+    spawn is then kept)."""
     multiprocessing.set_forkserver_preload(list(CORE_MODULES))
     before = os.environ.get("LD_PRELOAD")
     os.environ["LD_PRELOAD"] = cpu_preload(before or "")
     try:
         multiprocessing.forkserver.ensure_running()
+    except OSError as exc:
+        log.warning("no forkserver for the engine core (%s): vLLM spawns it", exc)
+        return False
     finally:
         if before is None:
             del os.environ["LD_PRELOAD"]
         else:
             os.environ["LD_PRELOAD"] = before
+    return True
 
 
 def _run_in_environment(
