@@ -159,11 +159,12 @@ def cpu_seconds(operator_pid: int) -> dict[int, tuple[str, float]]:
         except OSError:  # exited meanwhile
             continue
         program = pathlib.Path(argv[0].decode(errors="replace")).name
+        command = b" ".join(argv)
         if int(entry.name) == operator_pid:
             part = "operator"
         elif program == "testcluster":
             part = "control plane"
-        elif b"llmbatch" in b" ".join(argv) and b"slot" in b" ".join(argv):
+        elif b"llmbatch" in command and b"slot" in command:
             part = "slots"
         else:
             part = "other"

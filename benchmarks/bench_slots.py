@@ -62,8 +62,12 @@ class SlotLife:
 
     started_at: float
     busy: float = 0.0
-    last_seen: float = 0.0
     seq: int = 0
+    """The last heartbeat's ``seq``: its wall-clock milliseconds, the clock of ``started_at``."""
+
+    @property
+    def last_seen(self) -> float:
+        return self.seq / 1000
 
 
 @dataclass
@@ -225,7 +229,6 @@ class Stack:
                 # the lifetime would gain up to a heartbeat interval the busy time cannot show.
                 life.seq = beat.seq
                 life.busy = beat.busy_seconds
-                life.last_seen = beat.seq / 1000
         batches = json.loads(kubectl(self.kc, "get", "batches", "-n", NAMESPACE, "-o", "json"))
         return {b["metadata"]["name"]: b for b in batches["items"]}
 

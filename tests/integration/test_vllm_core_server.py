@@ -7,17 +7,19 @@ import multiprocessing
 import multiprocessing.forkserver
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from llmbatch.executor import models
 from llmbatch.executor.engines import vllmcore
 
 PROBE = "LLMBATCH_TEST_PROBE"
 
 
-def _probe(context: object, out: Path) -> str:
+def _probe(context: Any, out: Path) -> str:
     """Run a child of ``context`` that writes what it sees of :data:`PROBE` into ``out``."""
-    process = context.Process(  # type: ignore[attr-defined]
+    process = context.Process(
         target=subprocess.run,
         kwargs={"args": ["sh", "-c", f'printf %s "${{{PROBE}:-unset}}" > {out}'], "check": True},
     )
@@ -87,6 +89,6 @@ def test_the_server_preloads_what_vllm_preloads_for_its_children(
     expected: str,
 ) -> None:
     folders = _packages(tmp_path, *files)
-    monkeypatch.setattr(vllmcore, "_package_dir", folders.get)
+    monkeypatch.setattr(models, "package_dir", folders.get)
     site = str(tmp_path / "site-packages")
     assert vllmcore.cpu_preload(current) == expected.format(site=site)

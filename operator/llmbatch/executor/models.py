@@ -38,6 +38,15 @@ def cache_dir() -> Path:
     return Path(value).expanduser() if value else Path.home() / ".cache" / "llmbatch"
 
 
+def package_dir(module: str) -> Path | None:
+    """The folder of the installed package ``module``, found without importing it (None when
+    it is not installed)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 class ModelNotAvailable(Exception):
     """The model's package is missing or the model has not been prepared."""
 
@@ -54,12 +63,12 @@ class KnownModel:
     description: str = ""
 
     def package_dir(self) -> Path:
-        spec = importlib.util.find_spec(self.module)
-        if spec is None or not spec.submodule_search_locations:
+        folder = package_dir(self.module)
+        if folder is None:
             raise ModelNotAvailable(
                 f"model {self.name}: package {self.package} is not installed (run `make vllm`)"
             )
-        return Path(next(iter(spec.submodule_search_locations)))
+        return folder
 
     def version(self) -> str:
         try:

@@ -25,15 +25,16 @@ What a spawned child got and a fork of an earlier process would not, and how it 
 from __future__ import annotations
 
 import glob
-import importlib.util
+import importlib
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import platform
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from llmbatch.executor import models
 
 log = logging.getLogger("llmbatch.executor.vllm")
 
@@ -48,12 +49,6 @@ def enabled() -> bool:
     return os.environ.get("LLMBATCH_VLLM_CORE_FORKSERVER", "1") != "0"
 
 
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
-    locations = None if spec is None else spec.submodule_search_locations
-    return Path(next(iter(locations))) if locations else None
-
-
 def cpu_preload(current: str) -> str:
     """``LD_PRELOAD`` as vLLM's CPU platform sets it for its children (``platforms/cpu.py``),
     from ``current``: torch's libgomp appended unless an OpenMP runtime is preloaded, then
@@ -61,7 +56,7 @@ def cpu_preload(current: str) -> str:
     if platform.system() != "Linux":
         return current
     preload = current
-    torch = _package_dir("torch")
+    torch = models.package_dir("torch")
     if torch is not None and not any(name in preload for name in _OPENMP):
         found = [
             path
@@ -70,7 +65,7 @@ def cpu_preload(current: str) -> str:
         ]
         if found:
             preload = f"{preload}:{found[0]}" if preload else found[0]
-    vllm = _package_dir("vllm")
+    vllm = models.package_dir("vllm")
     if vllm is not None and "libtcmalloc" not in preload:
         for pattern in ("libtcmalloc_minimal*.so*", "libtcmalloc.so*"):
             found = sorted(glob.glob(str(vllm / "libs" / pattern)))
@@ -82,8 +77,8 @@ def cpu_preload(current: str) -> str:
 
 def start_server() -> bool:
     """Start the forkserver now, importing :data:`CORE_MODULES` in the background (call before
-    importing vLLM). Harmless when it runs already. False when it cannot start (vLLM's own
-    spawn is then kept)."""
+    importing vLLM). When it runs already it is kept as it was started. False when it cannot
+    start (vLLM's own spawn is then kept)."""
     multiprocessing.set_forkserver_preload(list(CORE_MODULES))
     before = os.environ.get("LD_PRELOAD")
     os.environ["LD_PRELOAD"] = cpu_preload(before or "")
