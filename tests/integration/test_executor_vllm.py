@@ -9,8 +9,8 @@ Engine starts are the cost here (15 s import + 10-60 s start on 2 cores), so the
 * one executor subprocess hits vLLM's CPU seed + chunked-prefill bug: the engine core dies and the
   shard fails with exit 70 (``vllm run-batch`` would write a 500 for every row and exit 0);
 * one ``llmbatch run`` subprocess serves embeddings with MiniLM;
-* one engine running one request at a time shows expedited requests overtaking queued standard
-  ones (priority scheduling).
+* one engine running one request at a time shows expedited requests taking the seat of a
+  running standard one (priority scheduling and the tier scheduler).
 
 Every output line is parsed with the ``openai`` SDK's own models.
 """
@@ -457,12 +457,27 @@ def test_llmbatch_run_embeddings_with_minilm(
         assert len(body.data) == (2 if line["custom_id"] == "e2" else 1)
 
 
-def test_expedited_requests_overtake_queued_standard_ones_in_the_engine(
+def _vllm_counter(name: str) -> float:
+    """A vLLM metric of this process's engine, summed over its label sets (vLLM registers its
+    Prometheus metrics in the default registry)."""
+    import prometheus_client
+
+    return sum(
+        sample.value
+        for metric in prometheus_client.REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == name
+    )
+
+
+def test_expedited_requests_take_the_seat_of_a_running_standard_one(
     smollm2_path: Path, vllm_env: dict[str, str]
 ) -> None:
-    """The executor starts vLLM with priority scheduling and sends each request with its
-    shard's tier rank: on an engine running one request at a time, two expedited requests sent
-    after four standard ones are answered before the standard ones still queued."""
+    """The executor starts vLLM with priority scheduling and its tier scheduler, and sends each
+    request with its shard's tier rank. On an engine running one request at a time, s0 (seeded
+    sampling) is running when two expedited requests arrive: vLLM preempts it for them (its own
+    preemption counter), they are answered first, then s0 — once, whole — then the standard
+    ones queued behind it."""
     for key, value in vllm_env.items():
         os.environ.setdefault(key, value)
     spec = _spec(smollm2_path.parent, smollm2_path, "unused.jsonl", CHAT, 0)
@@ -472,28 +487,43 @@ def test_expedited_requests_overtake_queued_standard_ones_in_the_engine(
         spec.served_names(),
     )
     done: list[str] = []
+    tokens: dict[str, int] = {}
 
-    async def ask(cid: str, tier_rank: int) -> None:
+    async def ask(cid: str, tier_rank: int, **extra: Any) -> None:
         # min_tokens / ignore_eos (vLLM extensions): every answer takes the same 24 steps
         row = _chat(
-            cid, "Count to fifty.", max_completion_tokens=24, min_tokens=24, ignore_eos=True
+            cid,
+            "Count to fifty.",
+            max_completion_tokens=24,
+            min_tokens=24,
+            ignore_eos=True,
+            **extra,
         )
         result = await engine.handle(
             EngineRequest(cid, CHAT, row["body"], request_id("b", cid), tier_rank)
         )
         assert result.ok, result.body
         done.append(cid)
+        tokens[cid] = result.body["usage"]["completion_tokens"]
 
-    async def go() -> None:
+    async def go() -> float:
         await engine.start()
         try:
-            standard = [asyncio.ensure_future(ask(f"s{i}", 1)) for i in range(4)]
-            await asyncio.sleep(0.5)  # s0 runs, s1..s3 wait in the engine's queue
+            first = asyncio.ensure_future(ask("s0", 1, seed=7, temperature=1.0))
+            deadline = time.monotonic() + 60
+            while _vllm_counter("vllm:num_requests_running") < 1:  # s0 holds the one seat
+                assert time.monotonic() < deadline, "s0 never ran"
+                await asyncio.sleep(0.05)
+            preempted_before = _vllm_counter("vllm:num_preemptions_total")
+            standard = [asyncio.ensure_future(ask(f"s{i}", 1)) for i in range(1, 4)]
+            await asyncio.sleep(0.2)  # queued behind s0
             expedited = [asyncio.ensure_future(ask(f"e{i}", 0)) for i in range(2)]
-            await asyncio.gather(*standard, *expedited)
+            await asyncio.gather(first, *standard, *expedited)
+            return _vllm_counter("vllm:num_preemptions_total") - preempted_before
         finally:
             await engine.close()
 
-    asyncio.run(go())
-    assert done[0] == "s0"
-    assert sorted(done[1:3]) == ["e0", "e1"], done
+    preemptions = asyncio.run(go())
+    assert done == ["e0", "e1", "s0", "s1", "s2", "s3"], done
+    assert preemptions >= 1
+    assert set(tokens.values()) == {24}, tokens

@@ -128,7 +128,8 @@ def test_responses_latency_counts_output_tokens() -> None:
 
 def _order_of_completion(policy: str) -> list[str]:
     """Four standard requests (priority 1), then two expedited (priority 0), on an engine whose
-    running batch holds one request: the order the answers come back in."""
+    running batch holds one request (s0 is running when the expedited ones arrive): the order
+    the answers come back in."""
     engine = SimulatedEngine(
         {"latency_seconds": 0.02, "max_running": 1, "scheduling_policy": policy}, ["m"]
     )
@@ -149,9 +150,51 @@ def _order_of_completion(policy: str) -> list[str]:
     return done
 
 
-def test_queued_requests_run_in_priority_order_with_the_priority_policy() -> None:
-    assert _order_of_completion("priority") == ["s0", "e0", "e1", "s1", "s2", "s3"]
+def test_with_the_priority_policy_better_requests_take_running_and_queued_places() -> None:
+    """As the executor's vLLM scheduler does (engines.tiersched): the expedited requests take the
+    running standard one's place (it resumes first after them) and go ahead of the queue."""
+    assert _order_of_completion("priority") == ["e0", "e1", "s0", "s1", "s2", "s3"]
     assert _order_of_completion("fcfs") == ["s0", "s1", "s2", "s3", "e0", "e1"]
+
+
+def test_preempted_requests_answer_once_and_the_batch_never_overflows() -> None:
+    """Mixed priorities, latencies and cancellations, some of them while preempted: every request
+    not cancelled is answered once, the running batch never holds more than max_running, and the
+    engine ends empty (no place leaked)."""
+    engine = SimulatedEngine({"latency_seconds": 0.01, "max_running": 3}, ["m"])
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    answered: list[str] = []
+    peak = 0
+
+    async def ask(i: int) -> None:
+        request = EngineRequest(f"r{i}", "/v1/chat/completions", body, f"r{i}", priority=i % 3)
+        assert (await engine.handle(request)).ok
+        answered.append(request.custom_id)
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, len(engine._seats))
+            await asyncio.sleep(0.001)
+
+    async def go() -> None:
+        watcher = asyncio.ensure_future(watch())
+        tasks = []
+        for i in range(60):
+            tasks.append(asyncio.ensure_future(ask(59 - i)))  # better priorities keep arriving
+            await asyncio.sleep(0.002)
+            if i % 7 == 3:
+                tasks[i - 2].cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        watcher.cancel()
+        cancelled = [r for r in results if isinstance(r, asyncio.CancelledError)]
+        assert len(answered) + len(cancelled) == 60
+        assert len(set(answered)) == len(answered)
+
+    asyncio.run(go())
+    assert peak <= 3
+    assert not engine._seats
+    assert all(f.done() for _, _, f in engine._queue)
 
 
 def test_a_cancelled_wait_gives_its_place_on() -> None:

@@ -14,6 +14,7 @@ import heapq
 import itertools
 import random
 import re
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,7 +88,8 @@ class SimulatedArgs(BaseModel):
         default=None,
         ge=1,
         description="Requests in the engine's running batch at once; the rest wait in its queue, "
-        "ordered as scheduling_policy says (as vLLM's scheduler does with max_num_seqs). "
+        "ordered as scheduling_policy says; with priority, a better request also takes the "
+        "place of a running worse one (as the executor's vLLM scheduler does with max_num_seqs). "
         "None: every request runs at once.",
     )
     scheduling_policy: Literal["fcfs", "priority"] = Field(
@@ -112,6 +114,15 @@ def _count_tokens(value: Any) -> int:
     return 1
 
 
+@dataclass
+class _Seat:
+    """A request's place in the simulated engine's running batch."""
+
+    key: int
+    arrival: int
+    preempted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class SimulatedEngine(Engine):
     name = "simulated"
 
@@ -125,8 +136,8 @@ class SimulatedEngine(Engine):
         self.answered = 0
         self._dead: str | None = None
         self._hang = asyncio.Event()
-        self._running = 0
-        self._queue: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seats: dict[int, _Seat] = {}  # the running batch, by arrival
+        self._queue: list[tuple[int, int, asyncio.Future[_Seat]]] = []
         self._arrivals = itertools.count()
 
     @property
@@ -175,45 +186,71 @@ class SimulatedEngine(Engine):
             if a.tokens_per_second:
                 seconds += token_usage(result.body).output_tokens / a.tokens_per_second
             if seconds:
-                await self._admitted(request.priority)
-                try:
-                    await asyncio.sleep(seconds)
-                finally:
-                    self._leave()
+                await self._run_for(seconds, request.priority)
         self.answered += 1
         if a.die_after is not None and self.answered >= a.die_after:
             self._dead = f"simulated engine death after {self.answered} requests"
         return result
 
-    async def _admitted(self, priority: int) -> None:
-        """Wait for a place in the running batch (``max_running``), queue order by policy."""
-        limit = self.args.max_running
-        if limit is None or (self._running < limit and not self._queue):
-            self._running += 1
-            return
+    async def _run_for(self, seconds: float, priority: int) -> None:
+        """Hold a place in the running batch for ``seconds`` of running time. Under the priority
+        policy a waiting request of a better priority takes the place of the worst running one
+        (as the executor's vLLM scheduler does, ``engines.tiersched``): the preempted request
+        queues again under its first arrival and runs the rest of its time once re-admitted."""
         key = priority if self.args.scheduling_policy == "priority" else 0
-        admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (key, next(self._arrivals), admitted)
+        arrival = next(self._arrivals)
+        loop = asyncio.get_running_loop()
+        while seconds > 0:
+            seat = await self._admitted(key, arrival)
+            started = loop.time()
+            try:
+                await asyncio.wait_for(seat.preempted.wait(), seconds)
+            except (TimeoutError, asyncio.CancelledError) as exc:
+                self._leave(arrival)  # ran its time out (or cancelled): its place goes on
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
+            seconds -= loop.time() - started
+
+    async def _admitted(self, key: int, arrival: int) -> _Seat:
+        """Wait for a place in the running batch (``max_running``), queue order by ``key``."""
+        limit = self.args.max_running
+        if limit is None or (len(self._seats) < limit and not self._queue):
+            return self._seat(key, arrival)
+        if self.args.scheduling_policy == "priority" and self._seats:
+            worst = max(self._seats.values(), key=lambda seat: (seat.key, seat.arrival))
+            if key < worst.key:
+                del self._seats[worst.arrival]
+                worst.preempted.set()
+                return self._seat(key, arrival)
+        admitted: asyncio.Future[_Seat] = asyncio.get_running_loop().create_future()
+        entry = (key, arrival, admitted)
         heapq.heappush(self._queue, entry)
         try:
-            await admitted
+            return await admitted
         except asyncio.CancelledError:
             if admitted.done() and not admitted.cancelled():
-                self._leave()  # admitted, then cancelled before it ran: give the place on
+                self._leave(arrival)  # admitted, then cancelled before it ran: give the place on
             elif entry in self._queue:
                 self._queue.remove(entry)
                 heapq.heapify(self._queue)
             raise
 
-    def _leave(self) -> None:
+    def _seat(self, key: int, arrival: int) -> _Seat:
+        seat = _Seat(key, arrival)
+        self._seats[arrival] = seat
+        return seat
+
+    def _leave(self, arrival: int) -> None:
         """A request left the running batch: admit the head of the queue (a wait cancelled a
-        moment ago may still be in it: skipped)."""
-        self._running -= 1
+        moment ago may still be in it: skipped). A request preempted a moment ago has no place
+        left to give."""
+        if self._seats.pop(arrival, None) is None:
+            return
         while self._queue:
-            _, _, waiting = heapq.heappop(self._queue)
+            key, queued, waiting = heapq.heappop(self._queue)
             if not waiting.done():
-                self._running += 1
-                waiting.set_result(None)
+                waiting.set_result(self._seat(key, queued))
                 return
 
     def _generate(self, request: EngineRequest, model: str) -> EngineResult:

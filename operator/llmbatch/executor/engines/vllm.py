@@ -71,6 +71,9 @@ DEFAULT_MAX_NUM_SEQS = 256  # vLLM's own default when the spec does not say
 #: share the engine (a warm slot runs several shards at once); with ``fcfs`` the engine refuses
 #: any request priority but 0, so the tier priority is then not sent.
 ENGINE_DEFAULTS: dict[str, Any] = {"scheduling_policy": "priority"}
+#: The scheduler a priority-scheduled engine gets unless the spec names one: a waiting request of
+#: a higher tier takes the seat of a running lower-tier one (vLLM's own preemption; tiersched).
+TIER_SCHEDULER = "llmbatch.executor.engines.tiersched.tier_scheduler"
 
 
 def _load(module: str, *names: str) -> Any:
@@ -130,6 +133,8 @@ class VllmEngine(Engine):
         defaults = {**ENGINE_DEFAULTS, **(CPU_ENGINE_DEFAULTS if self.cpu else {})}
         self.args = {**defaults, **args}
         self.priority_scheduling = self.args.get("scheduling_policy") == "priority"
+        if self.priority_scheduling:
+            self.args.setdefault("scheduler_cls", TIER_SCHEDULER)
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
         self._chat: Any = None
