@@ -13,6 +13,7 @@ import pytest
 
 from llmbatch.api.slot import ShardLease, ShardReport, SlotHeartbeat
 from llmbatch.controller import metrics
+from llmbatch.controller.pools import ACCEPTED_TTL, running_entry
 from llmbatch.core import keys
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 from tests.fixtures.builders import TENANT, WORKERS, make_batch, make_input_file, make_pool
@@ -395,6 +396,16 @@ def test_a_pool_deletion_waits_for_its_slot_pods_then_clears_their_channels(
         }
     }
     h.kube.add("pods", exiting)  # its executor still commits after SIGTERM
+    accepted = {
+        "metadata": {"uid": "u9", "namespace": TENANT, "name": "batch-" + "f" * 24},
+        "spec": {},
+        "status": {
+            "status": "in_progress",
+            "pool": "pool-a",
+            "shards": [{"index": 0, "phase": "Pending", "requestCount": 2}],
+        },
+    }
+    h.pools.notice_accepted(accepted)  # handed over by the batch handler, not yet in the watch
     assert asyncio.run(h.pool_removal()) == 1
     assert h.jobs() == []
     assert channel(h, slot).heartbeat() is not None  # the exiting slot may still write it
@@ -407,3 +418,39 @@ def test_a_pool_deletion_waits_for_its_slot_pods_then_clears_their_channels(
         assert metrics.REGISTRY.get_sample_value(gauge, {"pool": "pool-a"}) is None
     depth = {"pool": "pool-a", "tier": "standard"}
     assert metrics.REGISTRY.get_sample_value("llmbatch_pool_queue_depth_shards", depth) is None
+    assert "pool-a" not in h.pools._accepted  # nor batches handed over by the batch handler
+
+
+def test_a_batch_accepted_here_counts_as_running_until_the_watch_shows_it(
+    h: ReconcilerHarness,
+) -> None:
+    """The batch handler hands a batch it just accepted to its pool at once: under load the
+    watch (the index the rounds read) shows it seconds later. The handed-over entry lasts until
+    an event shows the batch accepted or later, or it is deleted, or ACCEPTED_TTL passes."""
+    pools = h.pools
+    batch = {
+        "metadata": {"uid": "u1", "namespace": TENANT, "name": "batch-" + "u" * 24},
+        "spec": {},
+        "status": {
+            "status": "in_progress",
+            "pool": "pool-a",
+            "shards": [{"index": 0, "phase": "Pending", "requestCount": 2}],
+        },
+    }
+
+    def uids(indexed: list[dict[str, object]]) -> list[object]:
+        return [b["metadata"]["uid"] for b in pools.running_batches("pool-a", indexed)]  # type: ignore[index]
+
+    pools.notice_accepted(batch)
+    assert uids([]) == ["u1"]
+    assert uids(list(running_entry(batch).values())) == ["u1"]  # shown by the index: once
+    pools.notice_batch({"status": "validating"}, "u1")  # an older event
+    assert uids([]) == ["u1"]
+    pools.notice_batch({"status": "in_progress", "pool": "pool-a"}, "u1")  # the acceptance
+    assert uids([]) == []
+    pools.notice_accepted(batch)
+    pools.notice_batch({}, "u1", deleted=True)
+    assert uids([]) == []
+    pools.notice_accepted(batch)
+    h.now += ACCEPTED_TTL + 1
+    assert uids([]) == []

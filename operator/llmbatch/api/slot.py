@@ -52,7 +52,7 @@ class SlotSpec(BaseModel):
         default=5.0, gt=0, description="How often the slot renews its leases (its heartbeat)."
     )
     poll_seconds: float = Field(
-        default=1.0, gt=0, description="How often the slot looks for new or revoked assignments."
+        default=0.5, gt=0, description="How often the slot looks for new or revoked assignments."
     )
 
 

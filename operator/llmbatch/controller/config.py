@@ -76,7 +76,7 @@ class OperatorConfig:
     slot_lease_seconds: float = 30.0
     """A slot whose heartbeat has not changed for this long is lost: its shards go back to
     the queue (under a new lease generation) and its Job is deleted."""
-    slot_poll_seconds: float = 1.0
+    slot_poll_seconds: float = 0.5
     """How often a slot looks for new or revoked assignments."""
     priority_class_prefix: str | None = None
     """When set, shard pods get PriorityClass ``<prefix>-<tier>``."""
@@ -110,7 +110,7 @@ class OperatorConfig:
             metrics_port=int(os.environ.get("LLMBATCH_METRICS_PORT", "8080")),
             slot_heartbeat_seconds=_float("LLMBATCH_SLOT_HEARTBEAT_SECONDS", 5.0),
             slot_lease_seconds=_float("LLMBATCH_SLOT_LEASE_SECONDS", 30.0),
-            slot_poll_seconds=_float("LLMBATCH_SLOT_POLL_SECONDS", 1.0),
+            slot_poll_seconds=_float("LLMBATCH_SLOT_POLL_SECONDS", 0.5),
             priority_class_prefix=os.environ.get("LLMBATCH_PRIORITY_CLASS_PREFIX") or None,
             credit_repair_interval=_float("LLMBATCH_CREDIT_REPAIR_INTERVAL", 30.0),
             peering=os.environ.get("LLMBATCH_PEERING", "llmbatch"),

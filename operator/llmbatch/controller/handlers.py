@@ -114,7 +114,12 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
         reconciler: BatchReconciler = memo.batches
         step = await reconciler.step(dict(body))
         _apply(step, body, patch)
-    current = step.phase or (body.get("status") or {}).get("status")
+    before = body.get("status") or {}
+    current = step.phase or before.get("status")
+    scheduler: PoolScheduler | None = getattr(memo, "pools", None)
+    if scheduler is not None and current == "in_progress" and before.get("status") != current:
+        # the pool need not wait for the watch to show what this step decided
+        scheduler.notice_accepted({**dict(body), "status": {**before, **patch.get("status", {})}})
     metrics.observe_batch(uid, current, dict(body), dict(patch.get("status") or {}))
 
 
@@ -178,7 +183,8 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
         dispatcher.notice(body, deleted=event.get("type") == "DELETED")
     scheduler: PoolScheduler | None = getattr(memo, "pools", None)
     if scheduler is not None:
-        scheduler.notice_batch(body.get("status") or {})
+        deleted = event.get("type") == "DELETED"
+        scheduler.notice_batch(body.get("status") or {}, body["metadata"]["uid"], deleted=deleted)
 
 
 @kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)
@@ -224,7 +230,7 @@ async def pool_timer(
     if body.metadata.get("deletionTimestamp") or not scheduler.due(name):
         return
     index: kopf.Index[str, dict[str, Any]] = kwargs["running_batches"]  # kopf passes indexes
-    batches = [dict(b) for b in index.get(name, [])]
+    batches = scheduler.running_batches(name, [dict(b) for b in index.get(name, [])])
     result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"), batches)
     if result.status:
         patch.setdefault("status", {}).update(result.status)

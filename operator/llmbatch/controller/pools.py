@@ -28,6 +28,10 @@ from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_de
 from llmbatch.core.tiers import TIERS, tier_of
 from llmbatch.storage.base import ObjectStore
 
+#: How long a batch accepted here counts as running without the watch showing it (a missed
+#: event must not keep a batch in the rounds).
+ACCEPTED_TTL = 60.0
+
 
 def running_entry(batch: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """What a pool round needs of a batch, keyed by its pool while it runs (``{}`` otherwise):
@@ -108,15 +112,43 @@ class PoolScheduler:
         self._backlogged: set[str] = set()  # pools whose last round left shards waiting
         self._in_round: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._deleted: set[str] = set()  # uids of pools being deleted: no round of them runs
+        # pool -> batch uid -> (when, running_entry): batches this operator accepted whose
+        # acceptance its watch has not shown yet (under load the watch lags by seconds)
+        self._accepted: dict[str, dict[str, tuple[float, dict[str, Any]]]] = {}
 
     def kick(self, name: str) -> None:
         """A batch of pool ``name`` has shards waiting for their first slot: run a round soon
         instead of at the next interval (the pool timer checks :meth:`due` often)."""
         self._kicks[name] = self._kicks.get(name, 0) + 1
 
-    def notice_batch(self, status: dict[str, Any]) -> None:
+    def notice_accepted(self, batch: dict[str, Any]) -> None:
+        """This operator just accepted ``batch`` (its new status, not yet patched): its pool
+        places the shards at its next check, before the watch shows the batch running."""
+        for pool, entry in running_entry(batch).items():
+            self._accepted.setdefault(pool, {})[entry["metadata"]["uid"]] = (self.clock(), entry)
+            self.kick(pool)
+
+    def running_batches(self, name: str, indexed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The pool's running batches for a round: the watch's index (``indexed``), and the
+        batches accepted here that it does not show yet (for at most :data:`ACCEPTED_TTL`)."""
+        accepted = self._accepted.get(name, {})
+        now = self.clock()
+        for uid in [u for u, (when, _) in accepted.items() if now - when > ACCEPTED_TTL]:
+            del accepted[uid]
+        shown = {batch["metadata"]["uid"] for batch in indexed}
+        return indexed + [entry for uid, (_, entry) in accepted.items() if uid not in shown]
+
+    def notice_batch(
+        self, status: dict[str, Any], uid: str | None = None, *, deleted: bool = False
+    ) -> None:
         """Kick the pool of a running batch whose status shows shards never placed: the pool
-        places them at its next check, not at its next round."""
+        places them at its next check, not at its next round. An event that shows the batch
+        accepted or later (or deleted) supersedes what :meth:`notice_accepted` kept."""
+        if uid is not None and (deleted or status.get("status") not in (None, "validating")):
+            for accepted in self._accepted.values():
+                accepted.pop(uid, None)
+        if deleted:
+            return
         if (
             status.get("status") == "in_progress"
             and status.get("pool")
@@ -164,6 +196,7 @@ class PoolScheduler:
             self._rounds.pop(name, None)
             self._kicks.pop(name, None)
             self._backlogged.discard(name)
+            self._accepted.pop(name, None)
             self.slots.forget_pool(name)
             metrics.forget_pool(name)
         return left

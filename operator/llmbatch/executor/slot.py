@@ -220,7 +220,7 @@ class SlotSettings:
     concurrency: int = 1
     idle_seconds: float = 0.0
     heartbeat_seconds: float = 5.0
-    poll_seconds: float = 1.0
+    poll_seconds: float = 0.5
 
     @classmethod
     def of(cls, spec: SlotSpec, engine: Engine, **overrides: Any) -> SlotSettings:
