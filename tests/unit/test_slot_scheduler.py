@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -380,6 +381,19 @@ def test_a_pool_deleted_during_a_round_keeps_no_slot_that_round_starts(
     assert h.jobs() == []
 
 
+def accepted_batch(uid: str, name: str) -> dict[str, Any]:
+    """A batch of pool-a as the reconcile that accepted it sees it (one shard never placed)."""
+    return {
+        "metadata": {"uid": uid, "namespace": TENANT, "name": name},
+        "spec": {},
+        "status": {
+            "status": "in_progress",
+            "pool": "pool-a",
+            "shards": [{"index": 0, "phase": "Pending", "requestCount": 2}],
+        },
+    }
+
+
 def test_a_pool_deletion_waits_for_its_slot_pods_then_clears_their_channels(
     h: ReconcilerHarness,
 ) -> None:
@@ -396,16 +410,8 @@ def test_a_pool_deletion_waits_for_its_slot_pods_then_clears_their_channels(
         }
     }
     h.kube.add("pods", exiting)  # its executor still commits after SIGTERM
-    accepted = {
-        "metadata": {"uid": "u9", "namespace": TENANT, "name": "batch-" + "f" * 24},
-        "spec": {},
-        "status": {
-            "status": "in_progress",
-            "pool": "pool-a",
-            "shards": [{"index": 0, "phase": "Pending", "requestCount": 2}],
-        },
-    }
-    h.pools.notice_accepted(accepted)  # handed over by the batch handler, not yet in the watch
+    # handed over by the batch handler, not yet in the watch
+    h.pools.notice_accepted(accepted_batch("u9", "batch-" + "f" * 24))
     assert asyncio.run(h.pool_removal()) == 1
     assert h.jobs() == []
     assert channel(h, slot).heartbeat() is not None  # the exiting slot may still write it
@@ -428,15 +434,7 @@ def test_a_batch_accepted_here_counts_as_running_until_the_watch_shows_it(
     watch (the index the rounds read) shows it seconds later. The handed-over entry lasts until
     an event shows the batch accepted or later, or it is deleted, or ACCEPTED_TTL passes."""
     pools = h.pools
-    batch = {
-        "metadata": {"uid": "u1", "namespace": TENANT, "name": "batch-" + "u" * 24},
-        "spec": {},
-        "status": {
-            "status": "in_progress",
-            "pool": "pool-a",
-            "shards": [{"index": 0, "phase": "Pending", "requestCount": 2}],
-        },
-    }
+    batch = accepted_batch("u1", "batch-" + "u" * 24)
 
     def uids(indexed: list[dict[str, object]]) -> list[object]:
         return [b["metadata"]["uid"] for b in pools.running_batches("pool-a", indexed)]  # type: ignore[index]
