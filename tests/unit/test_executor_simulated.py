@@ -158,9 +158,9 @@ def test_with_the_priority_policy_better_requests_take_running_and_queued_places
 
 
 def test_preempted_requests_answer_once_and_the_batch_never_overflows() -> None:
-    """Mixed priorities, latencies and cancellations, some of them while preempted: every request
-    not cancelled is answered once, the running batch never holds more than max_running, and the
-    engine ends empty (no place leaked)."""
+    """Mixed priorities and cancellations (of requests running, queued or preempted, wherever
+    each happens to be): every request not cancelled is answered once, the running batch never
+    holds more than max_running, and the engine ends empty (no place leaked)."""
     engine = SimulatedEngine({"latency_seconds": 0.01, "max_running": 3}, ["m"])
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     answered: list[str] = []

@@ -205,11 +205,12 @@ class SimulatedEngine(Engine):
             started = loop.time()
             try:
                 await asyncio.wait_for(seat.preempted.wait(), seconds)
-            except (TimeoutError, asyncio.CancelledError) as exc:
-                self._leave(arrival)  # ran its time out (or cancelled): its place goes on
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
+            except TimeoutError:  # ran its time out: its place goes on
+                self._leave(arrival)
                 return
+            except asyncio.CancelledError:
+                self._leave(arrival)
+                raise
             seconds -= loop.time() - started
 
     async def _admitted(self, key: int, arrival: int) -> _Seat:

@@ -38,11 +38,6 @@ from vllm.v1.request import RequestStatus
 _ADMISSIBLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
-def _rank(request: Any) -> tuple[int, float]:
-    """vLLM's own order of requests under the priority policy: lower first."""
-    return (request.priority, request.arrival_time)
-
-
 class _TierSeats:
     """The seat-giving step, mixed into vLLM's scheduler classes."""
 
@@ -66,7 +61,8 @@ class _TierSeats:
         as there are such waiting requests beyond the free seats; returns how many."""
         if not self.waiting or not self.running:
             return 0
-        worst = max(self.running, key=_rank)
+        # vLLM's Request orders itself as its priority queue does: (priority, arrival, id)
+        worst = max(self.running)
         if self.waiting.peek_request().priority >= worst.priority:
             return 0  # the steady state: nothing waiting outranks anything running
         free = self.max_num_active_reqs - len(self.running) - self.num_waiting_for_streaming_input
@@ -91,7 +87,7 @@ class _TierSeats:
             preempted += 1
             if not self.running:
                 break
-            worst = max(self.running, key=_rank)
+            worst = max(self.running)
         return preempted
 
 
