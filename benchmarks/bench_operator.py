@@ -10,7 +10,7 @@ API-server requests per batch (all clients, and the llmbatch.io resources alone)
 API server's own ``apiserver_request_total`` counter, and the CPU time the control plane, the
 operator and the slots used from the first create until all completed (from ``/proc``: on a
 small machine they share the cores, and the latencies are what that sharing leaves). The
-operator runs with its production intervals (reconcile 2 s, progress fold 5 s, slot poll 1 s).
+operator runs with its production intervals (reconcile 2 s, progress fold 5 s, slot poll 0.5 s).
 
     .venv/bin/python benchmarks/bench_operator.py [--batches 200] [--requests 10]
         [--slot-concurrency N]  # shards per slot; default: the pool default (unset)
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import pathlib
@@ -68,6 +69,16 @@ def request_counts(kubeconfig: pathlib.Path) -> dict[str, float]:
         key = f"{labels.get('verb', '?')} {kind}"
         counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return counts
+
+
+def event_reasons(kubeconfig: pathlib.Path) -> collections.Counter[str]:
+    """The Events about the benchmark's Batches, by reason (each counted as often as it was
+    posted, ``count`` included)."""
+    events = json.loads(kubectl(kubeconfig, "get", "events", "-n", "bench", "-o", "json"))
+    reasons: collections.Counter[str] = collections.Counter()
+    for event in events["items"]:
+        reasons[event.get("reason") or "?"] += int(event.get("count") or 1)
+    return reasons
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -352,6 +363,11 @@ def main() -> None:
         )
         for kind, n in sorted(spent.items(), key=lambda item: -item[1])[:8]:
             print(f"    {n / args.batches:6.2f}  {kind}")
+        reasons = event_reasons(kc)
+        print(
+            "Events / batch        "
+            + ",  ".join(f"{reason} {n / args.batches:.2f}" for reason, n in reasons.most_common())
+        )
         print(f"mean batch duration   {statistics.mean(to_done) if to_done else 0:6.1f} s")
         cores = os.cpu_count() or 1
         spent_cpu = cpu_by_part(cpu_before, cpu)

@@ -4,6 +4,8 @@ shards assigned over time, bounded concurrency, revocation, lease fencing, drain
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -474,3 +476,16 @@ def test_an_expedited_shard_overtakes_the_queued_requests_of_a_busy_slot(
         assert overtaken[0] >= 16
     assert sorted(rig.done_ids(standard)) == sorted(f"s-r{i}" for i in range(60))
     assert sorted(rig.done_ids(expedited)) == sorted(f"e-r{i}" for i in range(4))
+
+
+def test_a_slot_counts_its_life_from_its_process_start() -> None:
+    """The slot's ``started_at`` is when its process started, before the interpreter and the
+    executor's imports (part of the engine start a busy fraction is measured against)."""
+    code = (
+        "import time; time.sleep(0.6); "
+        "from llmbatch.executor.slotprocess import process_started_at; "
+        "print(time.time() - process_started_at())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    age = float(out.stdout)
+    assert 0.6 <= age < 10

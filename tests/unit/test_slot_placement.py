@@ -104,3 +104,73 @@ def test_concurrency_default_and_lease_lapse() -> None:
     assert not lease_lapsed(None, now=1000, lease_seconds=30)  # never started: no lapse
     assert not lease_lapsed(990, now=1000, lease_seconds=30)
     assert lease_lapsed(960, now=1000, lease_seconds=30)
+
+
+def _slot(name: str, load: int, queued: tuple[str, ...] = (), **kw: Any) -> SlotView:
+    """A loaded slot of model m running 2 at once with a queue of 2."""
+    return SlotView(
+        name, load, 2, kw.pop("ready", True), model="m", queued_tiers=queued, queue=2, **kw
+    )
+
+
+def test_what_no_seat_or_new_slot_takes_queues_on_the_least_queued_loaded_slot() -> None:
+    slots = [
+        _slot("a", 2),
+        _slot("b", 3, ("standard",)),
+        _slot("loading", 2, ready=False),
+    ]
+    result = place([shard(f"s{i}") for i in range(4)], slots, desired=3, capacity=2)
+    # the fewest queued first (a, a on a tie by name, b), up to capacity + queue; a slot still
+    # loading its engine has no queue
+    assert [(q.batch, s) for q, s in result.assign] == [("s0", "a"), ("s1", "a"), ("s2", "b")]
+    assert [q.batch for q in result.waiting] == ["s3"]
+    assert result.take_back == {}
+
+
+def test_seats_and_new_slots_come_before_any_queue() -> None:
+    result = place([shard("a"), shard("b")], [_slot("full", 2)], desired=2, capacity=2)
+    assert result.assign == []  # a new slot may start: nothing queues on the full one
+    assert [[q.batch for q in g] for g in result.new_slots] == [["a", "b"]]
+
+
+def test_a_better_tier_takes_the_queue_place_of_a_worse_one() -> None:
+    full = _slot("full", 4, ("flex", "standard"))
+    result = place([shard("s")], [full], desired=1, capacity=2)
+    assert [(q.batch, s) for q, s in result.assign] == [("s", "full")]
+    assert result.take_back == {"full": 1}  # the flex shard goes back to the pool
+    # the same tier never displaces one already queued
+    result = place([shard("f", tier="flex")], [full], desired=1, capacity=2)
+    assert result.assign == []
+    assert result.take_back == {}
+    assert [q.batch for q in result.waiting] == ["f"]
+
+
+def test_expedited_shards_never_queue_and_queued_ones_leave_the_express_seat_free() -> None:
+    # 2 running, 2 queued: the express seat is still free, and the slot starts it first
+    busy = _slot("busy", 4, ("standard", "standard"))
+    result = place([shard("e0", tier="expedited")], [busy], desired=1, capacity=2)
+    assert [(q.batch, s) for q, s in result.assign] == [("e0", "busy")]
+    result = place([shard("e1", tier="expedited")], [_slot("x", 3)], desired=1, capacity=2)
+    assert result.assign == []  # express seat taken: wait or preempt
+    assert result.take_back == {}
+    assert [q.batch for q in result.waiting] == ["e1"]
+    # shards just granted to free seats are not queued behind anything
+    granted = _slot("g", 2, ("standard", "standard"))
+    result = place([shard("e2", tier="expedited")], [granted], desired=1, capacity=2)
+    assert [s for _, s in result.assign] == ["g"]
+
+
+def test_queued_shards_are_drawn_back_only_for_free_seats_with_nothing_waiting() -> None:
+    busy = _slot("busy", 4, ("standard", "standard"))
+    assert place([], [busy, _slot("idle", 0)], 2, 2).take_back == {"busy": 2}
+    one = place([shard("w")], [busy, _slot("idle", 0)], 2, 2)
+    assert one.take_back == {"busy": 1}  # the waiting one takes one free seat
+    two = place([shard("w0"), shard("w1")], [busy, _slot("idle", 0)], 2, 2)
+    assert two.take_back == {}  # the waiting ones take both
+    assert place([], [busy, _slot("idle", 1)], 2, 2).take_back == {"busy": 1}
+    assert place([], [busy, _slot("idle", 0, ready=False)], 2, 2).take_back == {}
+    other = SlotView("other", 0, 2, True, model="other")
+    assert place([], [busy, other], 2, 2).take_back == {}
+    # just granted to free seats of its own slot: it waits for nothing, it stays
+    granted = _slot("g", 2, ("standard", "standard"))
+    assert place([], [granted, _slot("idle", 0)], 2, 2).take_back == {}

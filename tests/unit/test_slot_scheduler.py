@@ -239,8 +239,9 @@ def test_a_kicked_pool_is_due_a_round_before_its_interval(h: ReconcilerHarness) 
 def test_a_loaded_slot_takes_as_many_shards_as_its_heartbeat_says(h: ReconcilerHarness) -> None:
     """The pool sets no slotConcurrency: before its engine loads a slot is assumed to take
     max_num_seqs / 8 (vLLM's default 256: 8); once its heartbeat reports the engine's own
-    sizing (the CPU engine runs 32 sequences: 4), it gets no more than that."""
-    edit_pool(h, maxSlots=1)
+    sizing (the CPU engine runs 32 sequences: 4), it gets no more than that (without a
+    queue: ``slotQueue: 0``)."""
+    edit_pool(h, maxSlots=1, slotQueue=0)
     first = submit(h, "batch-" + "m" * 24, requests=4)  # 2 shards
     h.pool_round()
     (slot,) = h.jobs()
@@ -452,3 +453,99 @@ def test_a_batch_accepted_here_counts_as_running_until_the_watch_shows_it(
     pools.notice_accepted(batch)
     h.now += ACCEPTED_TTL + 1
     assert uids([]) == []
+
+
+def test_a_loaded_slot_queues_what_its_seats_cannot_take_and_starts_it_when_a_seat_frees(
+    h: ReconcilerHarness,
+) -> None:
+    """With the default queue (as deep as the slot runs at once), what no seat takes queues on
+    the loaded slot; the slot starts it the moment a seat frees, with no round in between."""
+    edit_pool(h, maxSlots=1, slotConcurrency=1)
+    name = submit(h, "batch-" + "q" * 24, requests=8)  # 4 shards of 2
+    h.pool_round()
+    (slot,) = h.jobs()
+    slot_name = slot["metadata"]["name"]
+    assert len(channel(h, slot_name).assignments()) == 1  # not loaded yet: no queue
+    beat(h, slot_name)
+    h.pool_round()
+    assert len(channel(h, slot_name).assignments()) == 2  # one seat, one queued
+    assert lease_of(h, name, 2) is None  # the rest waits in the pool's queue
+    # The slot runs both shards it holds, one after the other, without a round between.
+    assert h.run_slot(slot, exits=False).value == "done"
+    reports = channel(h, slot_name).heartbeat().shards  # type: ignore[union-attr]
+    assert sorted(r.state for r in reports) == ["done", "done"]
+
+
+def test_queued_shards_go_back_to_the_pool_for_a_free_seat_elsewhere(
+    h: ReconcilerHarness,
+) -> None:
+    """A slot whose seats are free while another holds queued shards and nothing waits draws
+    them: the busy slot's queued shards are revoked unstarted and placed on the free seats."""
+    edit_pool(h, maxSlots=1, slotConcurrency=1)
+    name = submit(h, "batch-" + "r" * 24, requests=4)  # 2 shards of 2
+    h.pool_round()
+    (slot,) = h.jobs()
+    busy = slot["metadata"]["name"]
+    beat(h, busy)
+    h.pool_round()
+    ch = channel(h, busy)
+    started, queued = sorted(ch.assignments())
+    assert int(queued.rsplit("-", 1)[1]) == 1  # one seat, one queued
+    # The busy slot has started one of the two (its heartbeat says); a second slot comes up.
+    ch.write_heartbeat(
+        SlotHeartbeat(
+            slot=busy,
+            seq=2,
+            state="ready",
+            started_at=h.now,
+            concurrency=1,
+            shards=[
+                ShardReport(
+                    key=started, generation=ch.assignments()[started].generation, state="running"
+                )
+            ],
+        )
+    )
+    edit_pool(h, maxSlots=2, slotConcurrency=1, minSlots=2)
+    h.pool_round()
+    (idle,) = (j["metadata"]["name"] for j in h.jobs() if j["metadata"]["name"] != busy)
+    beat(h, idle)
+    before = metrics.SLOT_QUEUE_RETURNS.labels("pool-a")._value.get()
+    h.pool_round()  # the free seat draws the queued shard back ...
+    assert set(ch.assignments()) == {started}
+    assert metrics.SLOT_QUEUE_RETURNS.labels("pool-a")._value.get() == before + 1
+    h.pool_round()  # ... and the next round gives it to the free seat, under a new lease
+    assert set(channel(h, idle).assignments()) == {queued}
+    lease = lease_of(h, name, 1)
+    assert lease.slot == idle  # type: ignore[attr-defined]
+    assert lease.generation == 2  # type: ignore[attr-defined]
+
+
+def test_a_waiting_standard_shard_takes_the_queue_place_of_a_flex_one(
+    h: ReconcilerHarness,
+) -> None:
+    """Tier order holds with queues: a flex shard queued on a busy slot goes back to the pool
+    unstarted when a standard shard arrives with no room left, and the standard one queues in
+    its place (so it starts first)."""
+    edit_pool(h, maxSlots=1, slotConcurrency=1)
+    first = submit(h, "batch-" + "a" * 24, requests=2)
+    h.pool_round()
+    (slot,) = h.jobs()
+    slot_name = slot["metadata"]["name"]
+    beat(h, slot_name)  # loaded, running the first batch's shard
+    flex = submit(h, "batch-" + "f" * 24, requests=2, metadata={"tier": "flex"})
+    h.pool_round()
+    ch = channel(h, slot_name)
+
+    def held() -> set[str]:
+        return {key.rsplit("-", 1)[0] for key in ch.assignments()}
+
+    def uid(name: str) -> str:
+        return str(h.batch(name)["metadata"]["uid"])
+
+    assert held() == {uid(first), uid(flex)}  # flex queued behind the running shard
+    standard = submit(h, "batch-" + "s" * 24, requests=2)
+    h.pool_round()
+    assert held() == {uid(first), uid(standard)}  # standard took the flex shard's place
+    h.pool_round()  # the flex shard waits in the pool for a place
+    assert held() == {uid(first), uid(standard)}

@@ -86,6 +86,13 @@ SLOT_ASSIGNMENT_WAIT = Histogram(
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600, 14400),
     registry=REGISTRY,
 )
+SLOT_QUEUE_RETURNS = Counter(
+    "llmbatch_slot_queue_returns_total",
+    "Shards queued on a slot and given back to the pool unstarted (another slot had a seat "
+    "free, or the slot drains), by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
 POOL_ROUND_SECONDS = Histogram(
     "llmbatch_pool_round_seconds",
     "Wall time of one pool scheduling round (settle ended runs, place the queue head), by pool: "

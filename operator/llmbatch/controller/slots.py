@@ -45,6 +45,7 @@ from llmbatch.core.slots import (
     preemption_victims,
     slot_concurrency,
 )
+from llmbatch.core.tiers import TIER_RANK
 from llmbatch.storage.base import ObjectStore
 from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, update_lease
@@ -104,20 +105,28 @@ def _work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
     return found
 
 
-def _views(live: list[ObservedSlot], capacity: int) -> list[SlotView]:
+def _views(live: list[ObservedSlot], capacity: int, queue: int | None) -> list[SlotView]:
     """The live slots as placement sees them: a loaded slot holds the shards its heartbeat says
-    it runs at once (sized from its engine when the pool does not say), others ``capacity``."""
-    return [
-        SlotView(
-            name=s.name,
-            load=len(s.assignments.keys() | s.running()),
-            capacity=(s.heartbeat.concurrency if s.heartbeat else None) or capacity,
-            ready=s.heartbeat is not None and s.heartbeat.state == "ready",
-            open=s.open,
-            model=s.model,
+    it runs at once (sized from its engine when the pool does not say), others ``capacity``,
+    and queues ``queue`` more (unset: as many as it runs)."""
+    views = []
+    for s in live:
+        seats = (s.heartbeat.concurrency if s.heartbeat else None) or capacity
+        views.append(
+            SlotView(
+                name=s.name,
+                load=len(s.assignments.keys() | s.running()),
+                capacity=seats,
+                ready=s.heartbeat is not None and s.heartbeat.state == "ready",
+                open=s.open,
+                model=s.model,
+                queued_tiers=tuple(
+                    a.shard.tier for k, a in s.assignments.items() if k not in s.running()
+                ),
+                queue=seats if queue is None else queue,
+            )
         )
-        for s in live
-    ]
+    return views
 
 
 class SlotScheduler:
@@ -176,11 +185,13 @@ class SlotScheduler:
         candidates = [w for w in work.values() if w.key not in held]
         waiting = await self._io(self._waiting, name, candidates)
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
-        views = _views(live, capacity)
+        views = _views(live, capacity, pool.slot_queue)
         placement = place((w.queued for w in waiting), views, desired, capacity)
         await self._carry_out(name, pool, pool_uid, placement, waiting, now, result)
         if pool.preemption == "LowerPriority" and placement.waiting:
             await self._preempt(name, pool, live, running, placement.waiting, result)
+        if placement.take_back:
+            await self._io(self._take_back_queued, name, live, placement.take_back)
         result.waiting = placement.waiting
         assigned = {slot for _, slot in placement.assign}
         busy = assigned | {v.name for v in views if v.load}
@@ -319,6 +330,7 @@ class SlotScheduler:
         if slot.lost is None:
             held |= slot.running()
         reports = {r.key: r for r in slot.heartbeat.shards} if slot.heartbeat else {}
+        started = slot.running()
         for key, assignment in list(slot.assignments.items()):
             lease = read_lease(self.store, lease_key(assignment))
             if lease is None or (lease.generation, lease.slot) != (
@@ -342,7 +354,8 @@ class SlotScheduler:
                 self._revoke(slot, key)
             else:
                 held.add(key)
-                running.append(RunningShard(work[key].queued, key, lease.preemptions))
+                if key in started:  # a queued shard frees no seat when taken back
+                    running.append(RunningShard(work[key].queued, key, lease.preemptions))
         return held, running
 
     @staticmethod
@@ -469,6 +482,20 @@ class SlotScheduler:
                     f"Took shard {victim.key} back from {slot.name} for expedited work",
                 )
             )
+
+    @staticmethod
+    def _take_back_queued(pool_name: str, slots: list[ObservedSlot], back: dict[str, int]) -> None:
+        """Revoke queued shards the slots have not started, the ones they would start last
+        (store calls: in a thread); the next round places them again."""
+        for slot in slots:
+            count = back.get(slot.name, 0)
+            if not count:
+                continue
+            queued = [(k, a) for k, a in slot.assignments.items() if k not in slot.running()]
+            queued.sort(key=lambda ka: (TIER_RANK[ka[1].shard.tier], ka[1].assigned_at))
+            for key, _ in queued[-count:]:
+                SlotScheduler._revoke(slot, key)
+                metrics.SLOT_QUEUE_RETURNS.labels(pool_name).inc()
 
     def _take_back(self, slot: ObservedSlot, key: str) -> None:
         """Count a preemption on the shard's lease (while it is still this run's) and revoke it

@@ -4,7 +4,10 @@ The queue order is :func:`llmbatch.core.scheduling.order_queue` (tier, round-rob
 batches, creation time). The head of the queue goes to a slot with room — one whose engine is
 loaded first, the fullest first, so small batches pack onto one engine and idle slots can time
 out — and only when no slot has room does a new slot start, as long as the autoscaler's desired
-count allows it.
+count allows it. What still waits then queues on a loaded slot (its ``queue``), to start there
+the moment one of its seats frees, without waiting for the next round: a seat that frees between
+rounds is never idle while work waits. Queued shards go back to the pool when another slot has a
+seat free or a better tier needs its place (:attr:`Placement.take_back`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,19 @@ class SlotView:
     """It takes new work (not draining, exited or lapsed)."""
     model: str = ""
     """The model its engine serves."""
+    queued_tiers: tuple[str, ...] = ()
+    """The tiers of the shards of ``load`` it has not started yet."""
+    queue: int = 0
+    """Shards it may hold queued beyond its capacity (a loaded slot's queue; 0: none)."""
+
+    @property
+    def waiting_for_seat(self) -> list[int]:
+        """The tier ranks of its queued shards that wait for a seat, best first: a slot starts
+        the best tier first, so these are its worst ones (a shard granted to a free seat and
+        not started yet waits for nothing)."""
+        ranks = sorted(TIER_RANK[t] for t in self.queued_tiers)
+        beyond = min(len(ranks), max(0, self.load - self.capacity))
+        return ranks[len(ranks) - beyond :]
 
 
 @dataclass
@@ -62,6 +78,10 @@ class Placement:
     """Shards for each slot to start now (all of one model)."""
     waiting: list[QueuedShard] = field(default_factory=list)
     """Shards left in the queue (no room, no slot to start)."""
+    take_back: dict[str, int] = field(default_factory=dict)
+    """Queued shards to take back from a slot unstarted, its worst tier last-assigned first: a
+    better tier takes their place, or a seat is free elsewhere. (A slot that stops taking work
+    because its pool changed gives back what it has not started itself: ``SlotFleet.retire``.)"""
 
 
 def place(
@@ -70,32 +90,89 @@ def place(
     """Give the queue head to slots with room, then to new slots up to ``desired`` open slots.
 
     A slot has room for a shard while it holds fewer than its capacity; an expedited shard that
-    finds no such slot takes the express seat of a full one (:func:`seats`).
+    finds no such slot takes the express seat of a full one (:func:`seats`). What is left joins
+    the queue of a loaded slot (:attr:`SlotView.queue`), else waits.
     """
     result = Placement()
     load = {s.name: s.load for s in slots if s.open}
+    seated = {s.name: s.load - len(s.waiting_for_seat) for s in slots if s.open}
     ranked = sorted(
         (s for s in slots if s.open), key=lambda s: (not s.ready, s.capacity - s.load, s.name)
     )
     startable = max(0, desired - sum(1 for s in slots if s.open))
+    unplaced: list[QueuedShard] = []
     for shard in order_queue(queued):
         fits = [s for s in ranked if s.model == shard.model]
+        # A seat, else the express seat of a full slot: queued shards do not take it (a slot
+        # starts an expedited shard before its queued ones).
         slot = next((s for s in fits if load[s.name] < s.capacity), None) or next(
-            (s for s in fits if load[s.name] < seats(s.capacity, shard.tier)), None
+            (s for s in fits if seated[s.name] < seats(s.capacity, shard.tier)), None
         )
         filling = next(
             (g for g in result.new_slots if g[0].model == shard.model and len(g) < capacity), None
         )
         if slot is not None:
             load[slot.name] += 1
+            seated[slot.name] += 1
             result.assign.append((shard, slot.name))
         elif filling is not None:
             filling.append(shard)
         elif len(result.new_slots) < startable:
             result.new_slots.append([shard])
         else:
-            result.waiting.append(shard)
+            unplaced.append(shard)
+    _queue(unplaced, [s for s in ranked if s.ready], load, result)
+    _rebalance(slots, load, result)
     return result
+
+
+def _queue(
+    shards: list[QueuedShard], loaded: list[SlotView], load: dict[str, int], result: Placement
+) -> None:
+    """Queue what no seat or new slot took (in queue order) on a loaded slot of its model: the
+    one with the fewest queued, so that it starts soonest; with no room left, in the place of a
+    queued shard of a lower tier, which goes back to the pool. Expedited shards never queue:
+    express seats and preemption serve them sooner."""
+    yieldable = {s.name: s.waiting_for_seat for s in loaded}
+    for shard in shards:
+        of_model = [s for s in loaded if s.model == shard.model]
+        room = [s for s in of_model if load[s.name] < s.capacity + s.queue]
+        rank = TIER_RANK[shard.tier]
+        worse = [s for s in of_model if yieldable[s.name] and yieldable[s.name][-1] > rank]
+        if shard.tier == "expedited" or not (room or worse):
+            result.waiting.append(shard)
+        elif room:
+            queue = min(room, key=lambda s: (load[s.name] - s.capacity, s.name))
+            load[queue.name] += 1
+            result.assign.append((shard, queue.name))
+        else:
+            queue = max(worse, key=lambda s: (yieldable[s.name][-1], s.name))
+            yieldable[queue.name].pop()
+            result.take_back[queue.name] = result.take_back.get(queue.name, 0) + 1
+            result.assign.append((shard, queue.name))
+
+
+def _rebalance(slots: Sequence[SlotView], load: dict[str, int], result: Placement) -> None:
+    """Queued shards that should run elsewhere: while nothing of its model waits, one for each
+    free seat of a loaded slot, from the slot with the most waiting for a seat. The next round
+    places them on the free seats."""
+    back = result.take_back
+    waiting_models = {q.model for q in result.waiting}
+    open_slots = [s for s in slots if s.open]
+    for model in sorted({s.model for s in open_slots} - waiting_models):
+        of_model = [s for s in open_slots if s.model == model]
+        free = sum(max(0, s.capacity - load[s.name]) for s in of_model if s.ready)
+        queued = {
+            s.name: n for s in of_model if (n := len(s.waiting_for_seat) - back.get(s.name, 0)) > 0
+        }
+        for _ in range(free):
+            if not queued:
+                break
+            most = max(queued, key=lambda name: (queued[name], name))
+            back[most] = back.get(most, 0) + 1
+            queued[most] -= 1
+            if not queued[most]:
+                del queued[most]
 
 
 @dataclass(frozen=True)

@@ -372,6 +372,9 @@ class Slot:
         run = _Run(assignment, runner, task, ledger_key)
         self._running[key] = run
         self.reports[key] = self._report(key, run, "running")
+        # Report the start now: the operator tells started shards (preemption candidates) from
+        # queued ones (which it may give to another slot) by the heartbeat.
+        self._last_heartbeat = -float("inf")
 
     def _reap(self) -> None:
         """Collect ended shard runs; a crashed run re-raises (the process ends UNEXPECTED)."""

@@ -189,6 +189,11 @@ class BatchPoolSpec(CRModel):
     slot_concurrency: Annotated[int, Field(ge=1, le=64)] | None = None
     """Shards one slot runs at once on its engine; unset: each slot sizes it from its loaded
     engine, max_num_seqs / 8 between 1 and 8."""
+    slot_queue: Annotated[int, Field(ge=0, le=64)] | None = None
+    """Shards a loaded slot holds queued beyond the ones it runs, to start the moment one of
+    its seats frees instead of at the next scheduling round; only what no seat and no new slot
+    takes queues, and a queued shard goes back to the pool when another slot has a seat free.
+    Unset: as many as the slot runs at once; 0: no queue."""
     idle_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
     """A slot with nothing assigned exits after this long (scale to zero); 0: a slot exits as
     soon as its shards are done (a cold slot per burst of work)."""

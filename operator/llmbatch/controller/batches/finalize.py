@@ -74,9 +74,12 @@ class Finalization(PhaseDeps):
         set of chunks.
         """
         leases = await self._leases(batch)
-        namespace = await self.worker_namespace(batch)
+        # A done lease records its holder's report that the run ended: nothing of it runs, and
+        # a batch whose shards all ended so (the usual case) needs no listing of the slots.
+        unended = any(lease.state != "done" for _, lease in leases)
+        namespace = await self.worker_namespace(batch) if unended else None
         slots: set[str] = set()
-        if namespace is not None and leases and batch.status.pool:
+        if namespace is not None and batch.status.pool:
             selector = slot_selector(batch.status.pool)
             slots = {j["metadata"]["name"] for j in await self.kube.list_jobs(namespace, selector)}
         stopped = True
@@ -84,7 +87,7 @@ class Finalization(PhaseDeps):
             key = work_key(batch.uid, shard.index)
             channel = self._channel(batch, lease.slot)
             await asyncio.to_thread(channel.revoke, key)
-            if lease.slot not in slots:
+            if lease.state == "done" or lease.slot not in slots:
                 continue
             beat = await asyncio.to_thread(channel.heartbeat)
             reports = beat.shards if beat is not None and beat.state != "exited" else []
