@@ -21,7 +21,7 @@ from llmbatch.executor.engines.simulated import SimulatedEngine
 from llmbatch.executor.runner import Outcome, ShardRunner
 from llmbatch.executor.slot import ChannelAssignments, Slot, SlotSettings
 from llmbatch.storage import open_store
-from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.base import ObjectStore, StoreError
 from llmbatch.storage.shardresults import list_chunks, read_progress
 from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease
 
@@ -489,3 +489,53 @@ def test_a_slot_counts_its_life_from_its_process_start() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     age = float(out.stdout)
     assert 0.6 <= age < 10
+
+
+class FlakyReports(ChannelAssignments):
+    """The channel, with heartbeats that cannot be written while ``failing``."""
+
+    failing = True
+    written: list[SlotHeartbeat]
+
+    async def report(self, heartbeat: SlotHeartbeat) -> None:
+        if self.failing:
+            raise StoreError("store down")
+        self.written = [*getattr(self, "written", []), heartbeat]
+        await super().report(heartbeat)
+
+
+def test_a_shard_run_starts_only_once_a_heartbeat_has_reported_it(tmp_path: Path) -> None:
+    """The operator charges an attempt for a lost slot's shard only when the slot reported it
+    started; so a run starts only after a heartbeat saying so is written. With the store
+    refusing heartbeats the assigned shard waits; it runs once one is written; stopped before
+    that, it is dropped, never run."""
+    rig = Rig(tmp_path)
+    first, second = rig.shard("a", 2), rig.shard("b", 2)
+
+    async def go() -> None:
+        engine = await _started(_engine())
+        source = FlakyReports(rig.channel)
+        slot = Slot(
+            engine,
+            source,
+            lambda spec: (rig.store, rig.store),
+            SlotSettings(name="slot-0", poll_seconds=0.05, heartbeat_seconds=0.05, idle_seconds=30),
+        )
+        rig.assign(first)
+        task = asyncio.ensure_future(slot.run())
+        await asyncio.sleep(0.5)
+        assert rig.done_ids(first) == []  # not started: no heartbeat has said so
+        assert [r.stats.completed for r in slot.runners] == [0]
+        source.failing = False
+        await _until(lambda: sorted(rig.done_ids(first)) == ["a-r0", "a-r1"])
+        started = next(b for b in source.written if b.shards)
+        assert [(r.key, r.state) for r in started.shards] == [("a-00000", "running")]
+        source.failing = True
+        rig.assign(second)
+        await asyncio.sleep(0.3)
+        slot.request_stop()  # before any heartbeat reported the second shard started
+        await task
+        assert rig.done_ids(second) == []
+        assert slot.runners[-1].stats.completed == 0
+
+    _run(go)

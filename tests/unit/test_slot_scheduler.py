@@ -549,3 +549,27 @@ def test_a_waiting_standard_shard_takes_the_queue_place_of_a_flex_one(
     assert held() == {uid(first), uid(standard)}  # standard took the flex shard's place
     h.pool_round()  # the flex shard waits in the pool for a place
     assert held() == {uid(first), uid(standard)}
+
+
+def test_a_lost_slot_costs_an_attempt_only_for_the_shards_it_had_started(
+    h: ReconcilerHarness,
+) -> None:
+    """A slot lost with one shard running and one queued (never reported started): the running
+    one goes back with an attempt counted (SlotLost), the queued one without."""
+    edit_pool(h, maxSlots=1, slotConcurrency=1)
+    name = submit(h, "batch-" + "l" * 24, requests=4)  # 2 shards of 2
+    h.pool_round()
+    (job,) = h.jobs()
+    slot = job["metadata"]["name"]
+    ch = channel(h, slot)
+    (first,) = ch.assignments()
+    beat(h, slot)  # loaded, the first shard running
+    h.pool_round()  # the second queues behind it
+    assert len(ch.assignments()) == 2
+    h.now += h.config.slot_lease_seconds + 1  # no new heartbeat since
+    h.pool_round()
+    started = lease_of(h, name, int(first.rsplit("-", 1)[1]))
+    queued = lease_of(h, name, 1 - int(first.rsplit("-", 1)[1]))
+    assert started.attempts == 1  # type: ignore[attr-defined]
+    assert queued.attempts == 0  # type: ignore[attr-defined]
+    assert queued.reason is None  # type: ignore[attr-defined]

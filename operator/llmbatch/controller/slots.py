@@ -346,7 +346,9 @@ class SlotScheduler:
                 if self._end_run(pool, assignment, lease, ended.state, ended.message, work, result):
                     self._revoke(slot, key)
             elif slot.lost is not None:
-                state = "preempted" if slot.exited else "lost"
+                # A run the slot never reported started (queued; a slot starts a run only once
+                # a heartbeat has said so) goes back without counting an attempt.
+                state = "preempted" if slot.exited or ended is None else "lost"
                 if slot.lost.startswith("slot Job failed"):
                     state = "slot_failed"  # its pod's retries (backoffLimit) are spent
                 self._end_run(pool, assignment, lease, state, slot.lost, work, result)

@@ -177,8 +177,9 @@ class LedgerEngine(Engine):
 class _Run:
     assignment: Assignment
     runner: ShardRunner
-    task: asyncio.Task[Outcome]
     ledger_key: str
+    task: asyncio.Task[Outcome] | None = None
+    """None until a heartbeat has reported the run started (:meth:`Slot._go`)."""
     revoked: bool = False
 
 
@@ -282,11 +283,12 @@ class Slot:
             assigned = await self._poll()
             self._take_back(assigned)
             self._start(assigned)
-            await self._heartbeat()
+            if await self._heartbeat():
+                self._go()
             if self._finished(assigned):
                 break
             self._wake.clear()
-            tasks = [run.task for run in self._running.values()]
+            tasks = [run.task for run in self._running.values() if run.task is not None]
             waiters = [asyncio.ensure_future(self._wake.wait()), *tasks]
             await asyncio.wait(
                 waiters, timeout=self.settings.poll_seconds, return_when=asyncio.FIRST_COMPLETED
@@ -335,8 +337,12 @@ class Slot:
                 run.revoked = True
                 run.runner.request_stop()
 
+    def _may_start(self) -> bool:
+        """Whether the slot starts shard runs: not stopping, draining or with a broken engine."""
+        return not (self._stopping or self._draining or self._engine_failed())
+
     def _start(self, assigned: dict[str, Assignment]) -> None:
-        if self._stopping or self._draining or self._engine_failed():
+        if not self._may_start():
             return
         # Higher tiers first, then the oldest assignment; an expedited shard may take the
         # express seat beyond the concurrency (core.slots.seats), as the scheduler placed it.
@@ -367,27 +373,41 @@ class Slot:
         self.runners.append(runner)
         if self.on_runner is not None:
             self.on_runner(runner)
-        task = asyncio.ensure_future(_run_in_context(runner, assignment.generation))
-        task.add_done_callback(lambda _: self._wake.set())
-        run = _Run(assignment, runner, task, ledger_key)
+        run = _Run(assignment, runner, ledger_key)
         self._running[key] = run
         self.reports[key] = self._report(key, run, "running")
-        # Report the start now: the operator tells started shards (preemption candidates) from
-        # queued ones (which it may give to another slot) by the heartbeat.
+        # The run starts once a heartbeat has reported it (_go): the operator tells started
+        # shards (preemption candidates, charged an attempt if the slot dies) from queued ones
+        # (which it may give to another slot, or back without an attempt) by the heartbeat.
         self._last_heartbeat = -float("inf")
 
+    def _go(self) -> None:
+        """Start the runs the last heartbeat reported started."""
+        if not self._may_start():
+            return  # _reap drops them: they never ran
+        for run in self._running.values():
+            if run.task is None and not run.revoked:
+                task = asyncio.ensure_future(_run_in_context(run.runner, run.assignment.generation))
+                task.add_done_callback(lambda _: self._wake.set())
+                run.task = task
+
     def _reap(self) -> None:
-        """Collect ended shard runs; a crashed run re-raises (the process ends UNEXPECTED)."""
+        """Collect ended shard runs; a crashed run re-raises (the process ends UNEXPECTED).
+        A run that never started (its start not yet on record) and now may not is dropped."""
+        had_runs = bool(self._running)
         for key, run in list(self._running.items()):
-            if not run.task.done():
-                continue
-            del self._running[key]
-            outcome = run.task.result()
-            self.outcomes.append(outcome)
-            self.reports[key] = self._report(key, run, _STATE[outcome])
-            self._last_heartbeat = -float("inf")  # report the end now: its seat frees sooner
-            if not self._running:
-                self._idle_since = self.clock()
+            if run.task is None:
+                if run.revoked or not self._may_start():
+                    del self._running[key]
+                    del self.reports[key]
+            elif run.task.done():
+                del self._running[key]
+                outcome = run.task.result()
+                self.outcomes.append(outcome)
+                self.reports[key] = self._report(key, run, _STATE[outcome])
+                self._last_heartbeat = -float("inf")  # report the end now: its seat frees sooner
+        if had_runs and not self._running:
+            self._idle_since = self.clock()
 
     def _report(self, key: str, run: _Run, state: ShardState) -> ShardReport:
         return ShardReport(
@@ -422,12 +442,13 @@ class Slot:
     def _idle_for(self) -> float:
         return self.clock() - self._idle_since
 
-    async def _heartbeat(self, *, final: bool = False) -> None:
+    async def _heartbeat(self, *, final: bool = False) -> bool:
         """Renew the leases (a new ``seq``) every ``heartbeat_seconds``, and at once when a shard
-        run has ended, so the scheduler settles it and fills its seat without waiting."""
+        run has started or ended, so the scheduler settles it and fills its seat without
+        waiting. False when one was due and could not be written."""
         now = self.clock()
         if not final and now - self._last_heartbeat < self.settings.heartbeat_seconds:
-            return
+            return True
         self._last_heartbeat = now
         self._seq = max(self._seq + 1, int(self.wall() * 1000))
         busy = self.ledger.busy_seconds()
@@ -447,6 +468,10 @@ class Slot:
             await self.source.report(heartbeat)
         except StoreError as exc:
             log.warning("slot %s: heartbeat not written: %s", self.settings.name, exc)
+            if any(run.task is None for run in self._running.values()):
+                self._last_heartbeat = -float("inf")  # runs wait for it: again next loop
+            return False
+        return True
 
     def _live_report(self, key: str, report: ShardReport) -> ShardReport:
         run = self._running.get(key)
