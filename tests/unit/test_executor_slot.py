@@ -504,11 +504,13 @@ class FlakyReports(ChannelAssignments):
         await super().report(heartbeat)
 
 
-def test_a_shard_run_starts_only_once_a_heartbeat_has_reported_it(tmp_path: Path) -> None:
+def test_no_request_of_a_shard_reaches_the_engine_before_a_heartbeat_reported_it(
+    tmp_path: Path,
+) -> None:
     """The operator charges an attempt for a lost slot's shard only when the slot reported it
-    started; so a run starts only after a heartbeat saying so is written. With the store
-    refusing heartbeats the assigned shard waits; it runs once one is written; stopped before
-    that, it is dropped, never run."""
+    started; so no request of a run reaches the engine before a heartbeat saying so is
+    written. With the store refusing heartbeats the assigned shard's requests wait; they run
+    once one is written; stopped before that, the run ends with nothing sent."""
     rig = Rig(tmp_path)
     first, second = rig.shard("a", 2), rig.shard("b", 2)
 

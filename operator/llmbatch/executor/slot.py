@@ -144,12 +144,16 @@ class BusyLedger:
 
 
 class LedgerEngine(Engine):
-    """The slot's engine as one shard sees it: its requests timed in the shared ledger."""
+    """The slot's engine as one shard sees it: its requests timed in the shared ledger, and
+    held back until ``on_record`` is set (a heartbeat has reported the run started)."""
 
-    def __init__(self, engine: Engine, ledger: BusyLedger, key: str) -> None:
+    def __init__(
+        self, engine: Engine, ledger: BusyLedger, key: str, on_record: asyncio.Event
+    ) -> None:
         self.inner = engine
         self.ledger = ledger
         self.key = key
+        self.on_record = on_record
         self.name = engine.name
 
     @property
@@ -160,6 +164,7 @@ class LedgerEngine(Engine):
         await self.inner.start()
 
     async def handle(self, request: EngineRequest) -> EngineResult:
+        await self.on_record.wait()
         self.ledger.enter(self.key)
         try:
             return await self.inner.handle(request)
@@ -177,9 +182,11 @@ class LedgerEngine(Engine):
 class _Run:
     assignment: Assignment
     runner: ShardRunner
+    task: asyncio.Task[Outcome]
     ledger_key: str
-    task: asyncio.Task[Outcome] | None = None
-    """None until a heartbeat has reported the run started (:meth:`Slot._go`)."""
+    on_record: asyncio.Event
+    """Set once a heartbeat has reported the run started: its requests reach the engine only
+    then (:class:`LedgerEngine`)."""
     revoked: bool = False
 
 
@@ -284,11 +291,12 @@ class Slot:
             self._take_back(assigned)
             self._start(assigned)
             if await self._heartbeat():
-                self._go()
+                for run in self._running.values():
+                    run.on_record.set()
             if self._finished(assigned):
                 break
             self._wake.clear()
-            tasks = [run.task for run in self._running.values() if run.task is not None]
+            tasks = [run.task for run in self._running.values()]
             waiters = [asyncio.ensure_future(self._wake.wait()), *tasks]
             await asyncio.wait(
                 waiters, timeout=self.settings.poll_seconds, return_when=asyncio.FIRST_COMPLETED
@@ -337,12 +345,8 @@ class Slot:
                 run.revoked = True
                 run.runner.request_stop()
 
-    def _may_start(self) -> bool:
-        """Whether the slot starts shard runs: not stopping, draining or with a broken engine."""
-        return not (self._stopping or self._draining or self._engine_failed())
-
     def _start(self, assigned: dict[str, Assignment]) -> None:
-        if not self._may_start():
+        if self._stopping or self._draining or self._engine_failed():
             return
         # Higher tiers first, then the oldest assignment; an expedited shard may take the
         # express seat beyond the concurrency (core.slots.seats), as the scheduler placed it.
@@ -367,47 +371,36 @@ class Slot:
         if assignment.lease_key is not None:
             fence = LeaseFence(store, assignment.lease_key, assignment.generation)
         ledger_key = f"{key}#{len(self.runners)}"  # one per run: a re-run starts from zero
-        engine = LedgerEngine(self.engine, self.ledger, ledger_key)
+        on_record = asyncio.Event()
+        engine = LedgerEngine(self.engine, self.ledger, ledger_key, on_record)
         runner = ShardRunner(spec, engine, store, input_store, fence=fence)
         runner.results.busy_share = lambda: self.ledger.share(ledger_key)
         self.runners.append(runner)
         if self.on_runner is not None:
             self.on_runner(runner)
-        run = _Run(assignment, runner, ledger_key)
+        task = asyncio.ensure_future(_run_in_context(runner, assignment.generation))
+        task.add_done_callback(lambda _: self._wake.set())
+        run = _Run(assignment, runner, task, ledger_key, on_record)
         self._running[key] = run
         self.reports[key] = self._report(key, run, "running")
-        # The run starts once a heartbeat has reported it (_go): the operator tells started
+        # Report the start now, while the runner reads its input: the operator tells started
         # shards (preemption candidates, charged an attempt if the slot dies) from queued ones
-        # (which it may give to another slot, or back without an attempt) by the heartbeat.
+        # (which it may give to another slot, or back without an attempt) by the heartbeat, and
+        # no request reaches the engine before that heartbeat is written.
         self._last_heartbeat = -float("inf")
 
-    def _go(self) -> None:
-        """Start the runs the last heartbeat reported started."""
-        if not self._may_start():
-            return  # _reap drops them: they never ran
-        for run in self._running.values():
-            if run.task is None and not run.revoked:
-                task = asyncio.ensure_future(_run_in_context(run.runner, run.assignment.generation))
-                task.add_done_callback(lambda _: self._wake.set())
-                run.task = task
-
     def _reap(self) -> None:
-        """Collect ended shard runs; a crashed run re-raises (the process ends UNEXPECTED).
-        A run that never started (its start not yet on record) and now may not is dropped."""
-        had_runs = bool(self._running)
+        """Collect ended shard runs; a crashed run re-raises (the process ends UNEXPECTED)."""
         for key, run in list(self._running.items()):
-            if run.task is None:
-                if run.revoked or not self._may_start():
-                    del self._running[key]
-                    del self.reports[key]
-            elif run.task.done():
-                del self._running[key]
-                outcome = run.task.result()
-                self.outcomes.append(outcome)
-                self.reports[key] = self._report(key, run, _STATE[outcome])
-                self._last_heartbeat = -float("inf")  # report the end now: its seat frees sooner
-        if had_runs and not self._running:
-            self._idle_since = self.clock()
+            if not run.task.done():
+                continue
+            del self._running[key]
+            outcome = run.task.result()
+            self.outcomes.append(outcome)
+            self.reports[key] = self._report(key, run, _STATE[outcome])
+            self._last_heartbeat = -float("inf")  # report the end now: its seat frees sooner
+            if not self._running:
+                self._idle_since = self.clock()
 
     def _report(self, key: str, run: _Run, state: ShardState) -> ShardReport:
         return ShardReport(
@@ -468,7 +461,7 @@ class Slot:
             await self.source.report(heartbeat)
         except StoreError as exc:
             log.warning("slot %s: heartbeat not written: %s", self.settings.name, exc)
-            if any(run.task is None for run in self._running.values()):
+            if any(not run.on_record.is_set() for run in self._running.values()):
                 self._last_heartbeat = -float("inf")  # runs wait for it: again next loop
             return False
         return True
