@@ -16,8 +16,8 @@ Each mode gets a fresh local cluster, an operator and a one-slot pool; then:
    batch, busy over alone; the standard batch must still complete every request.
 
 Warm mode is the pool's defaults (``idleSeconds: 300``, ``slotConcurrency`` from max_num_seqs);
-the cold mode is the degenerate case of the same code, ``idleSeconds: 0`` and
-``slotConcurrency: 1`` (a slot per shard, as before warm slots).
+the cold mode is the degenerate case of the same code, ``idleSeconds: 0``,
+``slotConcurrency: 1`` and ``slotQueue: 0`` (a slot per shard, as before warm slots).
 
     .venv/bin/python benchmarks/bench_slots.py                      # real SmolLM2 on CPU vLLM
     .venv/bin/python benchmarks/bench_slots.py --engine simulated   # control plane only
@@ -118,6 +118,7 @@ def pool_manifest(engine: str, mode: str, max_running: int) -> dict[str, Any]:
     if mode == "cold":
         pool["spec"]["idleSeconds"] = 0
         pool["spec"]["slotConcurrency"] = 1
+        pool["spec"]["slotQueue"] = 0
     return pool
 
 
