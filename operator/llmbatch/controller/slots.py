@@ -32,14 +32,14 @@ from llmbatch.controller.slotstate import (
     job_ended,
     lease_key,
     max_num_seqs,
-    work_key,
+    pool_work,
+    slot_views,
 )
-from llmbatch.core import keys, tiers
+from llmbatch.core import keys
 from llmbatch.core.scheduling import QueuedShard
 from llmbatch.core.slots import (
     Placement,
     RunningShard,
-    SlotView,
     lease_lapsed,
     place,
     preemption_victims,
@@ -69,64 +69,6 @@ _REASONS = {
 
 def _read_channel(channel: SlotChannel) -> tuple[SlotHeartbeat | None, dict[str, Assignment]]:
     return channel.heartbeat(), channel.assignments()
-
-
-def _work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
-    """Every unfinished shard of the pool's running batches (the queue and the placed)."""
-    found: dict[str, Work] = {}
-    for batch in batches:
-        status = batch.get("status") or {}
-        if status.get("pool") != pool_name or status.get("status") != "in_progress":
-            continue
-        meta, spec = batch["metadata"], batch.get("spec") or {}
-        uid, namespace = meta["uid"], meta["namespace"]
-        tier = tiers.tier_of(spec.get("priority"), spec.get("metadata"))
-        for shard in status.get("shards") or []:
-            if shard.get("phase") in ("Succeeded", "Failed"):
-                continue
-            index = int(shard["index"])
-            prefix = keys.shard_prefix(namespace, uid, index)
-            queued = QueuedShard(
-                batch=f"{namespace}/{meta['name']}",
-                tier=tier,
-                created_at=float(status.get("createdAt") or 0),
-                shard_index=index,
-                requests=int(shard.get("requestCount") or 0),
-                model=str(status.get("model") or ""),
-            )
-            key = work_key(uid, index)
-            found[key] = Work(
-                queued=queued,
-                key=key,
-                spec_key=keys.shard_spec_key(namespace, uid, index),
-                lease_key=keys.shard_lease_key(prefix),
-                since=float(status.get("inProgressAt") or 0),
-            )
-    return found
-
-
-def _views(live: list[ObservedSlot], capacity: int, queue: int | None) -> list[SlotView]:
-    """The live slots as placement sees them: a loaded slot holds the shards its heartbeat says
-    it runs at once (sized from its engine when the pool does not say), others ``capacity``,
-    and queues ``queue`` more (unset: as many as it runs)."""
-    views = []
-    for s in live:
-        seats = (s.heartbeat.concurrency if s.heartbeat else None) or capacity
-        views.append(
-            SlotView(
-                name=s.name,
-                load=len(s.assignments.keys() | s.running()),
-                capacity=seats,
-                ready=s.heartbeat is not None and s.heartbeat.state == "ready",
-                open=s.open,
-                model=s.model,
-                queued_tiers=tuple(
-                    a.shard.tier for k, a in s.assignments.items() if k not in s.running()
-                ),
-                queue=seats if queue is None else queue,
-            )
-        )
-    return views
 
 
 class SlotScheduler:
@@ -167,7 +109,7 @@ class SlotScheduler:
         """One round over the pool's slots; ``batches`` is this round's listing of Batches."""
         result = SlotRound()
         namespace = pool.worker_namespace
-        work = _work(name, batches)
+        work = pool_work(name, batches)
         slots = await self._observe_all(name, pool, now)
         # The store calls of a phase run in the round's threads, a slot (or a grant) each, all
         # at once: one by one, a round of 64 seats took seconds under load.
@@ -185,7 +127,7 @@ class SlotScheduler:
         candidates = [w for w in work.values() if w.key not in held]
         waiting = await self._io(self._waiting, name, candidates)
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
-        views = _views(live, capacity, pool.slot_queue)
+        views = slot_views(live, capacity, pool.slot_queue)
         placement = place((w.queued for w in waiting), views, desired, capacity)
         await self._carry_out(name, pool, pool_uid, placement, waiting, now, result)
         if pool.preemption == "LowerPriority" and placement.waiting:

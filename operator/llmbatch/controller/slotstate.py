@@ -12,8 +12,9 @@ from typing import Any
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.api.slot import Assignment, SlotHeartbeat
 from llmbatch.controller.jobs import engine_args
-from llmbatch.core import keys
+from llmbatch.core import keys, tiers
 from llmbatch.core.scheduling import QueuedShard
+from llmbatch.core.slots import SlotView
 from llmbatch.storage.slotchannel import SlotChannel
 
 
@@ -97,3 +98,61 @@ def job_ended(job: dict[str, Any]) -> str | None:
 def max_num_seqs(pool: BatchPoolSpec) -> int:
     value = engine_args(pool).get("max_num_seqs")
     return int(value) if isinstance(value, int) else 256
+
+
+def pool_work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
+    """Every unfinished shard of the pool's running batches (the queue and the placed)."""
+    found: dict[str, Work] = {}
+    for batch in batches:
+        status = batch.get("status") or {}
+        if status.get("pool") != pool_name or status.get("status") != "in_progress":
+            continue
+        meta, spec = batch["metadata"], batch.get("spec") or {}
+        uid, namespace = meta["uid"], meta["namespace"]
+        tier = tiers.tier_of(spec.get("priority"), spec.get("metadata"))
+        for shard in status.get("shards") or []:
+            if shard.get("phase") in ("Succeeded", "Failed"):
+                continue
+            index = int(shard["index"])
+            prefix = keys.shard_prefix(namespace, uid, index)
+            queued = QueuedShard(
+                batch=f"{namespace}/{meta['name']}",
+                tier=tier,
+                created_at=float(status.get("createdAt") or 0),
+                shard_index=index,
+                requests=int(shard.get("requestCount") or 0),
+                model=str(status.get("model") or ""),
+            )
+            key = work_key(uid, index)
+            found[key] = Work(
+                queued=queued,
+                key=key,
+                spec_key=keys.shard_spec_key(namespace, uid, index),
+                lease_key=keys.shard_lease_key(prefix),
+                since=float(status.get("inProgressAt") or 0),
+            )
+    return found
+
+
+def slot_views(live: list[ObservedSlot], capacity: int, queue: int | None) -> list[SlotView]:
+    """The live slots as placement sees them: a loaded slot holds the shards its heartbeat says
+    it runs at once (sized from its engine when the pool does not say), others ``capacity``,
+    and queues ``queue`` more (unset: as many as it runs)."""
+    views = []
+    for s in live:
+        seats = (s.heartbeat.concurrency if s.heartbeat else None) or capacity
+        views.append(
+            SlotView(
+                name=s.name,
+                load=len(s.assignments.keys() | s.running()),
+                capacity=seats,
+                ready=s.heartbeat is not None and s.heartbeat.state == "ready",
+                open=s.open,
+                model=s.model,
+                queued_tiers=tuple(
+                    a.shard.tier for k, a in s.assignments.items() if k not in s.running()
+                ),
+                queue=seats if queue is None else queue,
+            )
+        )
+    return views
