@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -491,16 +492,17 @@ def test_a_slot_counts_its_life_from_its_process_start() -> None:
     assert 0.6 <= age < 10
 
 
+@dataclass
 class FlakyReports(ChannelAssignments):
     """The channel, with heartbeats that cannot be written while ``failing``."""
 
-    failing = True
-    written: list[SlotHeartbeat]
+    failing: bool = True
+    written: list[SlotHeartbeat] = field(default_factory=list)
 
     async def report(self, heartbeat: SlotHeartbeat) -> None:
         if self.failing:
             raise StoreError("store down")
-        self.written = [*getattr(self, "written", []), heartbeat]
+        self.written.append(heartbeat)
         await super().report(heartbeat)
 
 

@@ -88,8 +88,8 @@ SLOT_ASSIGNMENT_WAIT = Histogram(
 )
 SLOT_QUEUE_RETURNS = Counter(
     "llmbatch_slot_queue_returns_total",
-    "Shards queued on a slot and given back to the pool unstarted (another slot had a seat "
-    "free, or the slot drains), by pool.",
+    "Shards queued on a slot and given back to the pool unstarted (a better tier took their "
+    "place, or another slot had a seat free), by pool.",
     ["pool"],
     registry=REGISTRY,
 )

@@ -169,10 +169,9 @@ class SlotFleet:
         has not started goes back to the queue now; the shards it runs finish there (nothing is
         interrupted) and it drains; one that runs nothing is removed at once. New slots of the
         new spec take the work."""
-        running = slot.running()
-        for key in slot.assignments.keys() - running:
+        for key in slot.queued():
             await asyncio.to_thread(slot.channel.revoke, key)
-        if not running:
+        if not slot.running():
             await self.remove(namespace, slot)
             result.events.append(
                 ("Normal", "SlotOutdated", f"Removed slot {slot.name}: the pool changed")

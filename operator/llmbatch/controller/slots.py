@@ -44,8 +44,8 @@ from llmbatch.core.slots import (
     place,
     preemption_victims,
     slot_concurrency,
+    start_order,
 )
-from llmbatch.core.tiers import TIER_RANK
 from llmbatch.storage.base import ObjectStore
 from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, update_lease
@@ -288,8 +288,8 @@ class SlotScheduler:
                 if self._end_run(pool, assignment, lease, ended.state, ended.message, work, result):
                     self._revoke(slot, key)
             elif slot.lost is not None:
-                # A run the slot never reported started (queued; a slot starts a run only once
-                # a heartbeat has said so) goes back without counting an attempt.
+                # A run the slot never reported started (queued: a slot sends a run's requests
+                # to its engine only once a heartbeat has said so) costs no attempt.
                 state = "preempted" if slot.exited or ended is None else "lost"
                 if slot.lost.startswith("slot Job failed"):
                     state = "slot_failed"  # its pod's retries (backoffLimit) are spent
@@ -435,8 +435,7 @@ class SlotScheduler:
             count = back.get(slot.name, 0)
             if not count:
                 continue
-            queued = [(k, a) for k, a in slot.assignments.items() if k not in slot.running()]
-            queued.sort(key=lambda ka: (TIER_RANK[ka[1].shard.tier], ka[1].assigned_at))
+            queued = sorted(slot.queued().items(), key=lambda ka: start_order(ka[1]))
             for key, _ in queued[-count:]:
                 SlotScheduler._revoke(slot, key)
                 metrics.SLOT_QUEUE_RETURNS.labels(pool_name).inc()

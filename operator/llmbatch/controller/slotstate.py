@@ -58,6 +58,11 @@ class ObservedSlot:
         beat = self.heartbeat
         return {r.key for r in beat.shards if r.state == "running"} if beat else set()
 
+    def queued(self) -> dict[str, Assignment]:
+        """Its assignments its last heartbeat does not show started (queued, or just granted)."""
+        running = self.running()
+        return {k: a for k, a in self.assignments.items() if k not in running}
+
 
 @dataclass
 class SlotRound:
@@ -149,9 +154,7 @@ def slot_views(live: list[ObservedSlot], capacity: int, queue: int | None) -> li
                 ready=s.heartbeat is not None and s.heartbeat.state == "ready",
                 open=s.open,
                 model=s.model,
-                queued_tiers=tuple(
-                    a.shard.tier for k, a in s.assignments.items() if k not in s.running()
-                ),
+                queued_tiers=tuple(a.shard.tier for a in s.queued().values()),
                 queue=seats if queue is None else queue,
             )
         )

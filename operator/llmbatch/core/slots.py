@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from llmbatch.api.slot import Assignment
 from llmbatch.core.scheduling import QueuedShard, order_queue
 from llmbatch.core.tiers import TIER_RANK
 
@@ -24,6 +25,12 @@ MAX_DEFAULT_CONCURRENCY = 8
 #: at once on a full slot, its requests overtaking the queued ones inside the engine (priority
 #: scheduling), instead of waiting for a seat to free or for preemption.
 EXPRESS_SEATS = 1
+
+
+def start_order(assignment: Assignment) -> tuple[int, float]:
+    """The order in which a slot starts the shards assigned to it: best tier first, then the
+    oldest assignment (so the last in this order waits longest for a seat)."""
+    return (TIER_RANK[assignment.shard.tier], assignment.assigned_at)
 
 
 def seats(concurrency: int, tier: str) -> int:

@@ -23,8 +23,7 @@ from typing import Any, Protocol
 from llmbatch import logs
 from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat, SlotSpec
-from llmbatch.core.slots import seats, slot_concurrency
-from llmbatch.core.tiers import TIER_RANK
+from llmbatch.core.slots import seats, slot_concurrency, start_order
 from llmbatch.executor.engines.base import Engine, EngineRequest, EngineResult
 from llmbatch.executor.runner import Outcome, ShardRunner
 from llmbatch.storage.base import ObjectStore, StoreError
@@ -350,9 +349,7 @@ class Slot:
             return
         # Higher tiers first, then the oldest assignment; an expedited shard may take the
         # express seat beyond the concurrency (core.slots.seats), as the scheduler placed it.
-        order = sorted(
-            assigned.items(), key=lambda kv: (TIER_RANK[kv[1].shard.tier], kv[1].assigned_at)
-        )
+        order = sorted(assigned.items(), key=lambda kv: start_order(kv[1]))
         for key, assignment in order:
             if len(self._running) >= seats(self.settings.concurrency, assignment.shard.tier):
                 continue
