@@ -174,3 +174,17 @@ def test_queued_shards_are_drawn_back_only_for_free_seats_with_nothing_waiting()
     # just granted to free seats of its own slot: it waits for nothing, it stays
     granted = _slot("g", 2, ("standard", "standard"))
     assert place([], [granted, _slot("idle", 0)], 2, 2).take_back == {}
+
+
+def test_an_expedited_shard_granted_to_the_express_seat_holds_it_before_it_starts() -> None:
+    """Two expedited batches a round apart, the second before the slot reports the first
+    started: the first holds the express seat (the slot starts it there at once), so the second
+    finds no seat and waits for preemption instead of queueing behind the first in the slot."""
+    granted = SlotView("s", 2, 1, True, model="m", queued_tiers=("expedited",), queue=1)
+    assert granted.waiting_for_seat == []
+    result = place([shard("b", tier="expedited")], [granted], desired=1, capacity=1)
+    assert result.assign == []
+    assert [q.batch for q in result.waiting] == ["b"]
+    # a standard shard queued beside a running one still waits for the seat, behind it
+    queued = SlotView("s", 2, 1, True, model="m", queued_tiers=("standard",), queue=1)
+    assert queued.waiting_for_seat == [1]

@@ -67,12 +67,19 @@ class SlotView:
 
     @property
     def waiting_for_seat(self) -> list[int]:
-        """The tier ranks of its queued shards that wait for a seat, best first: a slot starts
-        the best tier first, so these are its worst ones (a shard granted to a free seat and
-        not started yet waits for nothing)."""
-        ranks = sorted(TIER_RANK[t] for t in self.queued_tiers)
-        beyond = min(len(ranks), max(0, self.load - self.capacity))
-        return ranks[len(ranks) - beyond :]
+        """The tier ranks of its queued shards that wait for a seat, best first. A slot starts
+        its queued shards best tier first, each while fewer run than its seats for that tier
+        (:func:`seats`: an expedited one has the express seat too), so these are the ones left
+        over; a shard granted to a free seat and not started yet waits for nothing, and neither
+        does an expedited one granted to a free express seat."""
+        running = self.load - len(self.queued_tiers)
+        waiting = []
+        for tier in sorted(self.queued_tiers, key=lambda t: TIER_RANK[t]):
+            if running < seats(self.capacity, tier):
+                running += 1
+            else:
+                waiting.append(TIER_RANK[tier])
+        return waiting
 
 
 @dataclass
