@@ -88,17 +88,21 @@ def percentile(values: list[float], q: float) -> float:
 
 def first_commits(
     kubeconfig: pathlib.Path, store: pathlib.Path
-) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], dict[str, float]]:
     """Per batch, when it was accepted (``status.inProgressAt``: validated, its shards queued),
+    when its first shard spec was written (the file's mtime: the same step, to the millisecond),
     when its first shard was granted to a slot (the lease's ``grantedAt``) and when its first
     result chunk was committed (the chunk file's mtime in the store): the first result as the
     store has it, without the status fold's delay or polling."""
     batches = json.loads(kubectl(kubeconfig, "get", "batches", "-n", "bench", "-o", "json"))
-    accepted, granted, firsts = {}, {}, {}
+    accepted, queued, granted, firsts = {}, {}, {}, {}
     for batch in batches["items"]:
         name, uid = batch["metadata"]["name"], batch["metadata"]["uid"]
         if (batch.get("status") or {}).get("inProgressAt"):
             accepted[name] = float(batch["status"]["inProgressAt"])
+        spec = store / keys.shard_spec_key("bench", uid, 0)
+        if spec.exists():
+            queued[name] = spec.stat().st_mtime
         work = store / keys.work_prefix("bench", uid)
         times = [p.stat().st_mtime for p in work.glob("shards/*/output-*")]
         if times:
@@ -106,7 +110,7 @@ def first_commits(
         lease = store / keys.shard_lease_key(keys.shard_prefix("bench", uid, 0))
         if lease.exists():
             granted[name] = ShardLease.model_validate_json(lease.read_bytes()).granted_at
-    return accepted, granted, firsts
+    return accepted, queued, granted, firsts
 
 
 async def create_at_once(
@@ -202,6 +206,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--slot-concurrency", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--timeline", type=pathlib.Path, help="write each batch's moments (epoch s) as JSON here"
+    )
     args = parser.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-operator-"))
     cluster = DevCluster.start(
@@ -322,7 +329,15 @@ def main() -> None:
         cpu = cpu_seconds(operator.pid)
         wall = time.time() - started
         rss = peak_rss_mib(operator.pid)
-        accepted, granted, first_result = first_commits(kc, work / "store")
+        accepted, queued, granted, first_result = first_commits(kc, work / "store")
+        if args.timeline is not None:
+            moments = {"sent": sent, "queued": queued, "granted": granted}
+            moments |= {"first_result": first_result, "completed_seen": done}
+            timeline = {
+                name: {moment: times[name] for moment, times in moments.items() if name in times}
+                for name in sent
+            }
+            args.timeline.write_text(json.dumps(timeline, indent=1))
         to_accept = [t - sent[name] for name, t in accepted.items()]
         to_grant = [t - sent[name] for name, t in granted.items()]
         to_result = [t - sent[name] for name, t in first_result.items()]

@@ -78,6 +78,10 @@ class OperatorConfig:
     the queue (under a new lease generation) and its Job is deleted."""
     slot_poll_seconds: float = 0.5
     """How often a slot looks for new or revoked assignments."""
+    slot_job_listing_seconds: float = 1.0
+    """A pool round reuses its listing of the pool's slot Jobs this long, and up to half as
+    long again while it is listed anew in the background (``SlotFleet.jobs``); 0: every round
+    lists them. A slot Job this operator creates or deletes is listed again at once."""
     priority_class_prefix: str | None = None
     """When set, shard pods get PriorityClass ``<prefix>-<tier>``."""
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
@@ -111,6 +115,7 @@ class OperatorConfig:
             slot_heartbeat_seconds=_float("LLMBATCH_SLOT_HEARTBEAT_SECONDS", 5.0),
             slot_lease_seconds=_float("LLMBATCH_SLOT_LEASE_SECONDS", 30.0),
             slot_poll_seconds=_float("LLMBATCH_SLOT_POLL_SECONDS", 0.5),
+            slot_job_listing_seconds=_float("LLMBATCH_SLOT_JOB_LISTING_SECONDS", 1.0),
             priority_class_prefix=os.environ.get("LLMBATCH_PRIORITY_CLASS_PREFIX") or None,
             credit_repair_interval=_float("LLMBATCH_CREDIT_REPAIR_INTERVAL", 30.0),
             peering=os.environ.get("LLMBATCH_PEERING", "llmbatch"),

@@ -187,6 +187,15 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
         scheduler.notice_batch(body.get("status") or {}, body["metadata"]["uid"], deleted=deleted)
 
 
+@kopf.on.event(GROUP, VERSION, "batchpools")
+async def pool_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the pool catalog acceptance chooses from (no I/O: async so it runs on the loop)."""
+    reconciler: BatchReconciler | None = getattr(memo, "batches", None)
+    if reconciler is not None:
+        deleted = event.get("type") == "DELETED"
+        reconciler.pool_catalog.notice(dict(body), deleted=deleted)
+
+
 @kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)
 async def webhook_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Check a new or changed BatchWebhook (its Ready condition) in the dispatcher's pool."""
@@ -203,16 +212,19 @@ async def running_batches(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]
     return running_entry(dict(body))
 
 
-#: How often the pool timer checks whether its pool is due a round (``PoolScheduler.due``): every
-#: INTERVAL, or at once when a batch has kicked it.
-POOL_CHECK_INTERVAL = min(INTERVAL, 0.5)
+#: The longest a pool timer run waits for its pool to be due a round (``PoolScheduler.wait_due``:
+#: a batch's kick ends the wait at once); the timer runs again POOL_TIMER_GAP after it returns.
+#: So a round starts within milliseconds of an acceptance, and back to back while batches keep
+#: coming, instead of at the next tick of a fixed timer.
+POOL_WAIT_LIMIT = min(INTERVAL, 0.5)
+POOL_TIMER_GAP = 0.05
 
 
 @kopf.timer(
     GROUP,
     VERSION,
     "batchpools",
-    interval=POOL_CHECK_INTERVAL,
+    interval=POOL_TIMER_GAP,
     initial_delay=0,
     backoff=RETRY_BACKOFF,
 )
@@ -227,7 +239,10 @@ async def pool_timer(
 ) -> None:
     """Size the pool, grant free slots to waiting shards, report slots and queue depth."""
     scheduler: PoolScheduler = memo.pools
-    if body.metadata.get("deletionTimestamp") or not scheduler.due(name):
+    if body.metadata.get("deletionTimestamp"):
+        return
+    stopped: kopf.DaemonStopped = kwargs["stopped"]
+    if not await scheduler.wait_due(name, POOL_WAIT_LIMIT, stopped.wait):
         return
     index: kopf.Index[str, dict[str, Any]] = kwargs["running_batches"]  # kopf passes indexes
     batches = scheduler.running_batches(name, [dict(b) for b in index.get(name, [])])

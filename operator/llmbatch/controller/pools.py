@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -31,6 +31,15 @@ from llmbatch.storage.base import ObjectStore
 #: How long a batch accepted here counts as running without the watch showing it (a missed
 #: event must not keep a batch in the rounds).
 ACCEPTED_TTL = 60.0
+#: While a round has left shards waiting for a seat, the next round starts this long after it
+#: started: a seat a finished shard frees is seen only in a round (the slots' heartbeats).
+BACKLOG_RECHECK = 0.5
+#: Status fields that only report (slots in use, queue depth, the learned throughput): while
+#: rounds follow each other they are patched at most once per REPORT_SECONDS, since a round's
+#: next one waits for its status patch and that is slow on a busy API server. A change of the
+#: scaling state (``desiredSlots``, ``scaleDownSince``) is patched at once.
+REPORT_FIELDS = frozenset({"slotsInUse", "warmSlots", "queueDepth", "throughputPerSlot"})
+REPORT_SECONDS = 1.0
 
 
 def running_entry(batch: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -109,6 +118,9 @@ class PoolScheduler:
         # pool -> (when its last round started, the kicks counted then); kicks counted per pool
         self._rounds: dict[str, tuple[float, int]] = {}
         self._kicks: dict[str, int] = {}
+        self._wake: dict[str, asyncio.Event] = {}  # set by a kick; cleared by who waits on it
+        self._latest: dict[str, dict[str, Any]] = {}  # pool -> the status its last round computed
+        self._reported: dict[str, float] = {}  # pool -> when its status was last patched
         self._backlogged: set[str] = set()  # pools whose last round left shards waiting
         self._in_round: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._deleted: set[str] = set()  # uids of pools being deleted: no round of them runs
@@ -118,8 +130,11 @@ class PoolScheduler:
 
     def kick(self, name: str) -> None:
         """A batch of pool ``name`` has shards waiting for their first slot: run a round soon
-        instead of at the next interval (the pool timer checks :meth:`due` often)."""
+        instead of at the next interval (the pool timer waits in :meth:`wait_due`)."""
         self._kicks[name] = self._kicks.get(name, 0) + 1
+        wake = self._wake.get(name)
+        if wake is not None:
+            wake.set()
 
     def notice_accepted(self, batch: dict[str, Any]) -> None:
         """This operator just accepted ``batch`` (its new status, not yet patched): its pool
@@ -162,12 +177,40 @@ class PoolScheduler:
     def due(self, name: str) -> bool:
         """Whether pool ``name`` needs a round now: its interval has passed since the last one
         started, a batch kicked it after that round started, or that round left shards
-        waiting (then every check is a round: a seat a finished shard frees is filled within
-        a check, not an interval)."""
+        waiting and :data:`BACKLOG_RECHECK` has passed (a seat a finished shard frees is
+        filled within that, not within an interval)."""
+        return self._until_due(name) <= 0
+
+    def _until_due(self, name: str) -> float:
+        """Seconds until pool ``name`` is due a round unless a batch kicks it first."""
         last = self._rounds.get(name)
-        if last is None or self.clock() - last[0] >= self.interval or name in self._backlogged:
-            return True
-        return self._kicks.get(name, 0) > last[1]
+        if last is None or self._kicks.get(name, 0) > last[1]:
+            return 0.0
+        wait = self.interval
+        if name in self._backlogged:
+            wait = min(wait, BACKLOG_RECHECK)
+        return last[0] + wait - self.clock()
+
+    async def wait_due(
+        self, name: str, limit: float, stop: Callable[[], Awaitable[object]] | None = None
+    ) -> bool:
+        """Wait up to ``limit`` seconds for pool ``name`` to be due a round (:meth:`due`): at
+        once when a batch kicks it, so that a round follows an acceptance by milliseconds
+        rather than by a timer period; sooner when ``stop()`` (kopf's ``stopped.wait``: the
+        operator is exiting) completes. Whether it is due."""
+        wake = self._wake.setdefault(name, asyncio.Event())
+        wake.clear()
+        wait = min(limit, self._until_due(name))
+        if wait > 0:
+            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(wake.wait())]
+            if stop is not None:
+                waits.append(asyncio.ensure_future(stop()))
+            try:
+                await asyncio.wait(waits, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+        return self.due(name)
 
     async def step(
         self,
@@ -178,11 +221,28 @@ class PoolScheduler:
         batches: list[dict[str, Any]],
     ) -> PoolRound:
         """One round: size the pool, settle and place shards on its slots. ``batches`` are the
-        pool's running batches (:func:`running_entry`). A pool being deleted gets none."""
+        pool's running batches (:func:`running_entry`). A pool being deleted gets none.
+
+        Rounds can follow each other faster than the watch shows their status patches, so a
+        round computes from the status the previous one computed (the scaling state, the
+        learned throughput) over ``status``. Its patch is what differs from ``status`` (a patch
+        that was lost or held back goes with the next one), held back when it only reports and
+        the last one went less than :data:`REPORT_SECONDS` ago."""
         async with self._in_round[name]:
             if uid is not None and uid in self._deleted:
                 return PoolRound()
-            return await self._step(name, spec, status, uid, batches)
+            latest = {**status, **self._latest.get(name, {})}
+            result = await self._step(name, spec, latest, uid, batches)
+            self._latest[name] = result.status
+            changed = {k: v for k, v in result.status.items() if status.get(k) != v}
+            now = self.clock()
+            recent = now - self._reported.get(name, -REPORT_SECONDS) < REPORT_SECONDS
+            if changed.keys() <= REPORT_FIELDS and recent:
+                changed = {}
+            if changed:
+                self._reported[name] = now
+            result.status = changed
+            return result
 
     async def remove(self, name: str, uid: str | None, pool: BatchPoolSpec) -> int:
         """The pool is being deleted: no round of it starts again, the one under way ends first
@@ -195,6 +255,9 @@ class PoolScheduler:
         if not left:
             self._rounds.pop(name, None)
             self._kicks.pop(name, None)
+            self._wake.pop(name, None)
+            self._latest.pop(name, None)
+            self._reported.pop(name, None)
             self._backlogged.discard(name)
             self._accepted.pop(name, None)
             self.slots.forget_pool(name)
@@ -253,5 +316,5 @@ class PoolScheduler:
             "throughputPerSlot": f"{throughput:.4f}",
             "scaleDownSince": int(scaled.below_since) if scaled.below_since is not None else None,
         }
-        result.status = {k: v for k, v in wanted.items() if status.get(k) != v}
+        result.status = wanted
         return result

@@ -22,7 +22,7 @@ from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import OPEN_LEASE_STATES, Assignment, ShardLease, SlotHeartbeat
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import slot_revision, slot_selector
+from llmbatch.controller.jobs import slot_revision
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.slotfleet import ANNOTATION_MODEL, ANNOTATION_REVISION, SlotFleet
 from llmbatch.controller.slotstate import (
@@ -177,8 +177,7 @@ class SlotScheduler:
 
     async def _observe_all(self, name: str, pool: BatchPoolSpec, now: float) -> list[ObservedSlot]:
         """Every slot of the pool that is not being deleted: its Job, heartbeat, assignments."""
-        selector = slot_selector(name)
-        jobs = await self.kube.list_jobs(pool.worker_namespace, selector)
+        jobs = await self.fleet.jobs(name, pool.worker_namespace, now)
         jobs = [job for job in jobs if not job["metadata"].get("deletionTimestamp")]
         # What a slot of each model looks like now: computed once a round, not once a slot.
         revisions = {m.name: slot_revision(self.config, pool, m.name) for m in pool.models}
@@ -225,7 +224,9 @@ class SlotScheduler:
         annotations = job["metadata"].get("annotations") or {}
         model = annotations.get(ANNOTATION_MODEL, "")
         outdated = annotations.get(ANNOTATION_REVISION) != revisions.get(model)
-        return ObservedSlot(name, model, channel, heartbeat, assignments, lost, exited, outdated)
+        return ObservedSlot(
+            name, pool_name, model, channel, heartbeat, assignments, lost, exited, outdated
+        )
 
     def _count_time(self, pool_name: str, slot: str, heartbeat: SlotHeartbeat) -> None:
         """Busy and idle slot-seconds, from the growth of the heartbeat's running totals."""

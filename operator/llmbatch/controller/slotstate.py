@@ -36,6 +36,7 @@ class ObservedSlot:
     """One slot as this round sees it."""
 
     name: str
+    pool: str
     model: str
     channel: SlotChannel
     heartbeat: SlotHeartbeat | None

@@ -30,6 +30,7 @@ from llmbatch.controller.batches.validate import Validation
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.credits import CreditLedger
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.poolcatalog import PoolCatalog
 from llmbatch.core import keys, lifecycle, tiers
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.storage.base import ObjectStore, delete_under
@@ -55,7 +56,9 @@ class BatchReconciler:
         self.config = config
         self.clock = clock
         self.credits = CreditLedger(kube, config.namespaces, clock)
-        self.validation = Validation(kube, store, self.credits, clock)
+        self.pool_catalog = PoolCatalog(lambda: kube.list_custom("batchpools"))
+        """The BatchPools from the watch (``handlers.pool_seen``): acceptance chooses from it."""
+        self.validation = Validation(kube, store, self.credits, self.pool_catalog, clock)
         self.runs = ShardRuns(kube, store, config, self.pool)
         self.finalization = Finalization(kube, store, config, self.pool)
         # uid -> (phase we patched, when): a trigger that still sees the old phase holds a stale

@@ -32,10 +32,10 @@ from llmbatch.controller.batches.step import (
 )
 from llmbatch.controller.credits import CreditLedger
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.poolcatalog import PoolCatalog
 from llmbatch.core import billing, keys, tiers
 from llmbatch.core.admission import (
     check_pool_queue,
-    choose_pool,
     max_requests,
     output_limit_required,
 )
@@ -77,11 +77,17 @@ class Validation:
     """Runs the ``validating`` phase of one batch per call (idempotent: derived keys only)."""
 
     def __init__(
-        self, kube: Kube, store: ObjectStore, credits: CreditLedger, clock: Callable[[], float]
+        self,
+        kube: Kube,
+        store: ObjectStore,
+        credits: CreditLedger,
+        pools: PoolCatalog,
+        clock: Callable[[], float],
     ) -> None:
         self.kube = kube
         self.store = store
         self.credits = credits
+        self.pools = pools
         self.clock = clock
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
@@ -264,8 +270,7 @@ class Validation:
                 ErrorCode.MISSING_MODEL, "No line of the input names a model.", None, "body.model"
             )
             raise Rejected(errors_of([missing.as_dict()]))
-        pools = await self.kube.list_custom("batchpools")
-        chosen = choose_pool(pools, model, spec.pool)
+        chosen, pools = await self.pools.choose(model, spec.pool)
         if chosen is not None:
             spec_of = BatchPoolSpec.model_validate(chosen.get("spec") or {})
             return chosen["metadata"]["name"], spec_of, chosen.get("status") or {}

@@ -1,0 +1,80 @@
+"""The pool catalog acceptance chooses a batch's pool from: the BatchPools the watch showed,
+a fresh listing only when the watch shows none serving the batch's model."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from typing import Any
+
+from llmbatch.controller.poolcatalog import PoolCatalog
+from tests.fixtures.builders import make_batch, make_input_file, make_pool
+from tests.fixtures.reconciler import ReconcilerHarness
+
+
+class Listing:
+    """The API server's listing of BatchPools, counting its calls."""
+
+    def __init__(self, *pools: dict[str, Any]) -> None:
+        self.pools = list(pools)
+        self.calls = 0
+
+    async def __call__(self) -> list[dict[str, Any]]:
+        self.calls += 1
+        return self.pools
+
+
+def chosen(catalog: PoolCatalog, model: str, wanted: str | None = None) -> str | None:
+    pool, _ = asyncio.run(catalog.choose(model, wanted))
+    return None if pool is None else str(pool["metadata"]["name"])
+
+
+def test_a_pool_the_watch_showed_is_chosen_without_a_listing() -> None:
+    listing = Listing(make_pool("pool-a", models=("m",)))
+    catalog = PoolCatalog(listing)
+    catalog.notice(make_pool("pool-a", models=("m",)))
+    assert chosen(catalog, "m") == "pool-a"
+    assert listing.calls == 0
+
+
+def test_pools_are_chosen_in_the_order_the_api_server_lists_them() -> None:
+    catalog = PoolCatalog(Listing())
+    catalog.notice(make_pool("pool-b", models=("m",)))
+    catalog.notice(make_pool("pool-a", models=("m",)))
+    assert chosen(catalog, "m") == "pool-a"  # by name, as a listing is ordered
+    assert chosen(catalog, "m", wanted="pool-b") == "pool-b"
+
+
+def test_a_model_the_watch_shows_no_pool_for_is_looked_up_in_a_fresh_listing() -> None:
+    """A pool created a moment before the batch, before the watch showed it, still serves it;
+    a model no pool serves is refused from the fresh listing."""
+    listing = Listing(make_pool("pool-a", models=("m",)), make_pool("pool-new", models=("n",)))
+    catalog = PoolCatalog(listing)
+    catalog.notice(make_pool("pool-a", models=("m",)))
+    assert chosen(catalog, "n") == "pool-new"
+    assert chosen(catalog, "x") is None
+    assert listing.calls == 2
+
+
+def test_a_deleted_pool_leaves_the_catalog_and_an_edit_replaces_it() -> None:
+    catalog = PoolCatalog(Listing())
+    catalog.notice(make_pool("pool-a", models=("m",)))
+    catalog.notice(make_pool("pool-a", models=("n",)))  # models edited
+    assert chosen(catalog, "m") is None
+    assert chosen(catalog, "n") == "pool-a"
+    catalog.notice(make_pool("pool-a", models=("n",)), deleted=True)
+    assert chosen(catalog, "n") is None
+
+
+def test_acceptance_with_the_pool_in_the_catalog_lists_no_pools(tmp_path: pathlib.Path) -> None:
+    """The reconciler's validation chooses from the catalog the pool watch fills
+    (``handlers.pool_seen``): accepting a batch sends no listing of BatchPools."""
+    h = ReconcilerHarness(tmp_path)
+    pool = h.kube.add("batchpools", make_pool())
+    h.reconciler.pool_catalog.notice(pool)
+    file_id = "file-00000000000000000000000000000001"
+    h.kube.add("batchfiles", make_input_file(h.store, file_id, 3))
+    h.kube.add("batches", make_batch("batch-" + "a" * 24, input_file_id=file_id))
+    h.step("batch-" + "a" * 24)
+    assert h.status("batch-" + "a" * 24)["pool"] == "pool-a"
+    assert ("list", "batchpools", "") not in h.kube.calls

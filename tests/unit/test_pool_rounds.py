@@ -1,0 +1,198 @@
+"""When pool rounds run and what they send, with the reconciler harness: a batch's kick ends the
+wait for a round at once; a round computes from the status the previous round computed (the
+watch lags behind back-to-back rounds) and holds back a patch that only reports; a round reuses
+its pool's slot Job listing for a moment under a burst, and lists again after the operator
+created or deleted a slot Job."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import pathlib
+from typing import Any
+
+import pytest
+
+from llmbatch.controller.pools import REPORT_SECONDS, PoolRound
+from tests.fixtures.builders import make_batch, make_input_file, make_pool
+from tests.fixtures.reconciler import ReconcilerHarness
+
+
+def harness(tmp_path: pathlib.Path, **spec: Any) -> ReconcilerHarness:
+    h = ReconcilerHarness(tmp_path)
+    h.kube.add("batchpools", make_pool(scaleDownCooldownSeconds=0, **spec))
+    return h
+
+
+def submit(h: ReconcilerHarness, name: str, requests: int) -> str:
+    file_id = f"file-{name[-32:]:0>32}"
+    h.kube.add("batchfiles", make_input_file(h.store, file_id, requests))
+    h.kube.add("batches", make_batch(name, input_file_id=file_id))
+    h.step_until(name, "in_progress")
+    h.step(name)  # the shard specs: queued
+    return name
+
+
+def desired_events(result: PoolRound) -> list[str]:
+    return [message for _, reason, message in result.events if reason == "DesiredSlots"]
+
+
+# --- waking up -------------------------------------------------------------------------------
+
+
+def test_a_kick_ends_the_wait_for_a_round_at_once(tmp_path: pathlib.Path) -> None:
+    """The pool timer waits in ``wait_due``: a batch accepted meanwhile (its kick) starts the
+    round then, not at the end of the wait."""
+    h = harness(tmp_path)
+    h.pool_round()  # the last round: the next one is an interval away
+
+    async def go() -> tuple[bool, bool]:
+        waiting = asyncio.create_task(h.pools.wait_due("pool-a", 30.0))
+        await asyncio.sleep(0.05)
+        before = waiting.done()
+        h.pools.kick("pool-a")
+        return before, await asyncio.wait_for(waiting, 1.0)
+
+    assert asyncio.run(go()) == (False, True)
+
+
+def test_the_wait_ends_undue_at_its_limit_or_when_the_operator_stops(
+    tmp_path: pathlib.Path,
+) -> None:
+    h = harness(tmp_path)
+    h.pool_round()
+
+    async def go() -> tuple[bool, bool]:
+        limited = await asyncio.wait_for(h.pools.wait_due("pool-a", 0.05), 1.0)
+        stop = asyncio.Event()
+        waiting = asyncio.create_task(h.pools.wait_due("pool-a", 30.0, stop.wait))
+        await asyncio.sleep(0.05)
+        stop.set()
+        return limited, await asyncio.wait_for(waiting, 1.0)
+
+    assert asyncio.run(go()) == (False, False)
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def test_a_round_computes_from_the_status_the_last_round_computed(tmp_path: pathlib.Path) -> None:
+    """Two rounds back to back, the second before the watch shows the first one's patch: it
+    scales from what the first decided (no second "Desired slots" step, no Event twice) and
+    sends the patch again, since the pool does not show it."""
+    h = harness(tmp_path, minSlots=0)
+    submit(h, "batch-" + "a" * 24, requests=2)
+    first = asyncio.run(h.pool_step())  # not merged into the pool: the body lags
+    second = asyncio.run(h.pool_step())
+    assert desired_events(first) == ["Desired slots 0 → 1 (backlog " + _backlog(h) + ")"]
+    assert desired_events(second) == []
+    assert first.status["desiredSlots"] == second.status["desiredSlots"] == 1
+
+
+def _backlog(h: ReconcilerHarness) -> str:
+    return str({"expedited": 0, "standard": 2, "flex": 0})
+
+
+def test_a_patch_that_only_reports_waits_while_rounds_follow_each_other(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Queue depth, slots in use and the learned throughput are patched at most once per
+    REPORT_SECONDS: a round's next one waits for its patch. A held patch goes with the next."""
+    h = harness(tmp_path, minSlots=1, maxSlots=1)
+    h.pool_round()
+    submit(h, "batch-" + "b" * 24, requests=2)
+    sent = asyncio.run(h.pool_step())  # its patch is not in the pool yet
+    assert sent.status["queueDepth"] == {"expedited": 0, "standard": 2, "flex": 0}
+    held = asyncio.run(h.pool_step())
+    assert held.status == {}  # it only reports (desiredSlots stays 1), within the window
+    h.now += REPORT_SECONDS
+    h.pool_round()  # sent again: the pool still does not show it
+    pool = h.kube.get("batchpools", None, "pool-a")
+    assert pool is not None
+    assert pool["status"]["queueDepth"] == {"expedited": 0, "standard": 2, "flex": 0}
+
+
+def test_a_change_of_the_scaling_state_is_patched_at_once(tmp_path: pathlib.Path) -> None:
+    h = harness(tmp_path, minSlots=0)
+    h.pool_round()  # patched: the first report
+    submit(h, "batch-" + "c" * 24, requests=2)
+    result = asyncio.run(h.pool_step())  # within REPORT_SECONDS of the last patch
+    assert result.status["desiredSlots"] == 1
+
+
+# --- the slot Job listing --------------------------------------------------------------------
+
+
+@pytest.fixture
+def listed(tmp_path: pathlib.Path) -> tuple[ReconcilerHarness, list[float]]:
+    """A harness whose rounds reuse the slot Job listing for 1 s (the operator's default), and
+    the harness clock at each listing."""
+    h = ReconcilerHarness(tmp_path, slot_job_listing_seconds=1.0)
+    h.kube.add("batchpools", make_pool(scaleDownCooldownSeconds=0, minSlots=1, maxSlots=1))
+    times: list[float] = []
+    real = h.kube.list_jobs
+
+    async def list_jobs(namespace: str, selector: str) -> list[dict[str, Any]]:
+        times.append(h.now)
+        return await real(namespace, selector)
+
+    h.kube.list_jobs = list_jobs  # type: ignore[method-assign]
+    return h, times
+
+
+def test_a_round_lists_again_after_the_operator_created_a_slot_job(
+    listed: tuple[ReconcilerHarness, list[float]],
+) -> None:
+    h, times = listed
+    h.pool_round()  # lists, then starts the minSlots slot
+    assert len(h.jobs()) == 1
+    assert len(times) == 1
+    h.pool_round()  # its own new Job: listed again, and it is seen (no second slot)
+    assert len(times) == 2
+    assert len(h.jobs()) == 1
+    h.now += 0.5
+    h.pool_round()  # within a second: the listing is reused
+    assert len(times) == 2
+    assert len(h.jobs()) == 1
+
+
+def test_an_aging_listing_is_renewed_in_the_background_and_an_old_one_at_once(
+    listed: tuple[ReconcilerHarness, list[float]],
+) -> None:
+    """Between 1 and 1.5 s the round goes on with the listing it has while a new one is taken;
+    older, the round waits for a new one. A Job someone else deleted is seen that much later."""
+    h, times = listed
+    h.pool_round()
+    h.pool_round()
+    (job,) = h.jobs()
+    h.kube.remove("jobs", job["metadata"]["namespace"], job["metadata"]["name"])  # not by us
+    h.now += 1.2
+
+    async def aging() -> None:
+        await h.pool_step()
+        await asyncio.sleep(0.01)  # the background listing runs
+
+    asyncio.run(aging())
+    assert times[-1] == h.now
+    assert len(h.jobs()) == 0
+    h.now += 1.6
+    h.pool_round()  # the renewed listing is 1.6 s old: listed before the round
+    assert times[-1] == h.now
+    assert len(h.jobs()) == 1  # the gone slot was seen gone, and minSlots started another
+
+
+def test_every_round_lists_with_the_listing_reuse_off(tmp_path: pathlib.Path) -> None:
+    h = ReconcilerHarness(tmp_path)  # the harness sets slot_job_listing_seconds to 0
+    h.kube.add("batchpools", make_pool())
+    calls: list[int] = []
+    real = h.kube.list_jobs
+
+    async def list_jobs(namespace: str, selector: str) -> list[dict[str, Any]]:
+        calls.append(1)
+        return await real(namespace, selector)
+
+    h.kube.list_jobs = list_jobs  # type: ignore[method-assign]
+    for _ in range(3):
+        h.pool_round()
+    assert len(calls) == 3
+    assert copy.deepcopy(h.config.slot_job_listing_seconds) == 0.0
