@@ -7,7 +7,9 @@ Each mode gets a fresh local cluster, an operator and a one-slot pool; then:
    ``--over`` seconds. Reported: engine starts (slot pods started), wall time from the first
    submission until every batch completed, and the slot busy fraction = time with at least one
    request in the engine ÷ slot lifetime (from the slots' heartbeats: start of the process to its
-   last heartbeat, engine load included), taken when the last batch of the stream completed.
+   last heartbeat, engine load included), taken when the last batch of the stream completed;
+   beside it, the most one slot could be busy for these arrivals (``Run.arrival_bound``: a
+   stream that offers its engine less work than its time cannot keep it busier).
 2. **first result** — once the stream is done (the warm slot is idle with its model loaded; the
    cold mode has no slot left), ``--first-samples`` 2-request batches one after another:
    create → first output line committed, median.
@@ -83,6 +85,10 @@ class Run:
     first_results: list[float] = field(default_factory=list)
     stream_busy: float = 0.0
     """The busy fraction when the stream's last batch completed."""
+    stream_bound: float | None = None
+    """The most a single slot could be busy given the stream's arrivals (:meth:`arrival_bound`)."""
+    last_arrival: float = 0.0
+    """When the stream's last batch was created (wall clock)."""
     expedited_alone: float | None = None
     expedited_busy: float | None = None
     expedited_ok: bool = False
@@ -92,6 +98,19 @@ class Run:
     def busy_fraction(self) -> float:
         life = sum(max(0.0, s.last_seen - s.started_at) for s in self.slots.values())
         return sum(s.busy for s in self.slots.values()) / life if life else 0.0
+
+    def arrival_bound(self, batches: int) -> float | None:
+        """The busy fraction a single slot could at most reach on the stream, had its engine
+        loaded in no time and no request ever waited: its busy time over a life from its start
+        to the last arrival plus one batch's engine time (busy time / batches). It assumes the
+        engine takes as long per batch whichever run beside it (a compute-bound CPU engine: the
+        batches of one stream take 2.4-2.5 s each alone and four at once alike). None with
+        more than one slot (the cold mode)."""
+        if len(self.slots) != 1 or not batches:
+            return None
+        (slot,) = self.slots.values()
+        least_life = self.last_arrival - slot.started_at + slot.busy / batches
+        return slot.busy / least_life if least_life > 0 else None
 
 
 def pool_manifest(engine: str, mode: str, max_running: int) -> dict[str, Any]:
@@ -262,7 +281,7 @@ class Stack:
         submitted = 0
         while time.time() < self.deadline:
             while submitted < len(names) and time.time() >= started + submitted * gap:
-                self.create(names[submitted], args.requests)
+                run.last_arrival = self.create(names[submitted], args.requests)
                 submitted += 1
             batches = self.observe()
             run.completed = sum(
@@ -275,6 +294,7 @@ class Stack:
             time.sleep(1)
         run.stream_seconds = time.time() - started
         run.stream_busy = run.busy_fraction
+        run.stream_bound = run.arrival_bound(args.batches)
 
     def first_results(self, samples: int) -> None:
         """Phase 2: create -> first committed result of 2-request batches, one after another."""
@@ -353,6 +373,10 @@ def report(runs: list[Run], args: argparse.Namespace) -> None:
         ("slot Jobs", [str(len(r.slot_jobs)) for r in runs]),
         ("wall time, stream (s)", [f"{r.stream_seconds:.0f}" for r in runs]),
         ("slot busy fraction, stream", [f"{r.stream_busy:.2f}" for r in runs]),
+        (
+            "  ... at most, for these arrivals",
+            [f"{r.stream_bound:.2f}" if r.stream_bound else "-" for r in runs],
+        ),
         (
             f"create -> first result, median of {args.first_samples} (s)",
             [
