@@ -197,8 +197,7 @@ def test_input_deleted_before_the_merge_of_an_older_batch_ends_it(
     h.step(BATCH)
     h.run_shard(0)
     h.batch(BATCH)["spec"]["cancel"] = True
-    h.step(BATCH)
-    h.store.delete(keys.file_key(TENANT, FILE))
+    h.store.delete(keys.file_key(TENANT, FILE))  # before the merge the cancel leads to
     status = h.step_until(BATCH, "cancelled")
     assert status["requestCounts"] == {"total": 3, "completed": 2, "failed": 1}
     assert [e["code"] for e in status["errors"]] == ["input_file_deleted"]
@@ -271,3 +270,18 @@ def test_running_batches_read_their_pool_once_an_interval(h: ReconcilerHarness) 
     h.now += h.config.reconcile_interval
     h.step(BATCH)
     assert len([c for c in h.kube.calls if c[:2] == ("get", "batchpools")]) == len(reads) + 1
+
+
+def test_a_batch_whose_shards_all_ended_completes_in_one_step(h: ReconcilerHarness) -> None:
+    """The step that sees every shard ended takes them back and merges at once, instead of
+    leaving the merge to the next timer tick: the batch completes an interval sooner."""
+    submit(h, requests=5)
+    h.step(BATCH)
+    h.pool_round()
+    h.run_jobs()
+    h.pool_round()  # the slot's end reports settled on the leases
+    before = h.status(BATCH)["status"]
+    h.step(BATCH)
+    assert before == "in_progress"
+    assert h.status(BATCH)["status"] == "completed"
+    assert h.reasons()[-2:] == ["ShardsFinished", "Completed"]

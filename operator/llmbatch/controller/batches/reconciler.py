@@ -38,7 +38,7 @@ from llmbatch.storage.base import ObjectStore, delete_under
 STALE_BODY_SECONDS = 30.0
 
 #: Phases a step goes on from at once, on the status it has just decided.
-CHAINED = frozenset({Phase.VALIDATING, Phase.IN_PROGRESS})
+CHAINED = frozenset({Phase.VALIDATING, Phase.IN_PROGRESS, Phase.FINALIZING, Phase.CANCELLING})
 
 
 class BatchReconciler:
@@ -56,7 +56,10 @@ class BatchReconciler:
         self.config = config
         self.clock = clock
         self.credits = CreditLedger(kube, config.namespaces, clock)
-        self.pool_catalog = PoolCatalog(lambda: kube.list_custom("batchpools"))
+        self.pool_catalog = PoolCatalog(
+            lambda: kube.list_custom("batchpools"),
+            lambda name: kube.get_custom("batchpools", None, name),
+        )
         """The BatchPools from the watch (``handlers.pool_seen``): acceptance chooses from it."""
         self.validation = Validation(kube, store, self.credits, self.pool_catalog, clock)
         self.runs = ShardRuns(kube, store, config, self.pool)
@@ -97,9 +100,11 @@ class BatchReconciler:
             del self._patched_phase[batch.uid]
         await self._dispatch(batch, step, now)
         while step.phase in CHAINED and step.phase != batch.status.status:
-            # A batch just created is validated in the same step, and one just accepted has
-            # its shard specs written: each phase runs on the view the previous one left,
-            # instead of waiting a timer tick for its own patch to come back.
+            # A batch just created is validated in the same step, one just accepted has its
+            # shard specs written, and one whose shards all ended (or that is cancelled or
+            # expired) has them taken back and, once none runs, its results merged: each phase
+            # runs on the view the previous one left, instead of waiting a timer tick for its
+            # own patch to come back.
             batch = batch.after(step)
             await self._dispatch(batch, step, now)
         if step.phase in TERMINAL:
