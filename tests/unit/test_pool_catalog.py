@@ -7,21 +7,38 @@ import asyncio
 import pathlib
 from typing import Any
 
-from llmbatch.controller.poolcatalog import PoolCatalog
+from llmbatch.controller.poolcatalog import CONFIRM_SECONDS, PoolCatalog
 from tests.fixtures.builders import make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
 
 
 class Listing:
-    """The API server's listing of BatchPools, counting its calls."""
+    """The API server's BatchPools: its listing and its reads, counting the calls."""
 
     def __init__(self, *pools: dict[str, Any]) -> None:
         self.pools = list(pools)
         self.calls = 0
+        self.reads = 0
 
     async def __call__(self) -> list[dict[str, Any]]:
         self.calls += 1
         return self.pools
+
+    async def read(self, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return next((p for p in self.pools if p["metadata"]["name"] == name), None)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def catalog_of(listing: Listing, clock: Clock | None = None) -> PoolCatalog:
+    return PoolCatalog(listing, listing.read, clock or Clock())
 
 
 def chosen(catalog: PoolCatalog, model: str, wanted: str | None = None) -> str | None:
@@ -31,16 +48,42 @@ def chosen(catalog: PoolCatalog, model: str, wanted: str | None = None) -> str |
 
 def test_a_pool_the_watch_showed_is_chosen_without_a_listing() -> None:
     listing = Listing(make_pool("pool-a", models=("m",)))
-    catalog = PoolCatalog(listing)
+    clock = Clock()
+    catalog = catalog_of(listing, clock)
     catalog.notice(make_pool("pool-a", models=("m",)))
-    assert chosen(catalog, "m") == "pool-a"
+    for _ in range(3):
+        assert chosen(catalog, "m") == "pool-a"
     assert listing.calls == 0
+    assert listing.reads == 1  # confirmed once per CONFIRM_SECONDS, not once per batch
+    clock.now += CONFIRM_SECONDS
+    assert chosen(catalog, "m") == "pool-a"
+    assert listing.reads == 2
+
+
+def test_a_pool_deleted_while_the_watch_was_away_is_not_chosen() -> None:
+    """A watch that restarts lists the pools again and reports none deleted meanwhile: the
+    read that confirms a chosen pool finds it gone, and the listing decides."""
+    listing = Listing(make_pool("pool-b", models=("m",)))
+    catalog = catalog_of(listing)
+    catalog.notice(make_pool("pool-a", models=("m",)))  # deleted since; no event said so
+    assert chosen(catalog, "m") == "pool-b"
+    assert chosen(catalog, "m") == "pool-b"
+
+
+def test_a_pool_being_deleted_is_never_chosen() -> None:
+    going = make_pool("pool-a", models=("m",))
+    going["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    listing = Listing(going)
+    catalog = catalog_of(listing)
+    catalog.notice(going)
+    assert chosen(catalog, "m") is None
 
 
 def test_pools_are_chosen_in_the_order_the_api_server_lists_them() -> None:
-    catalog = PoolCatalog(Listing())
-    catalog.notice(make_pool("pool-b", models=("m",)))
-    catalog.notice(make_pool("pool-a", models=("m",)))
+    pools = make_pool("pool-a", models=("m",)), make_pool("pool-b", models=("m",))
+    catalog = catalog_of(Listing(*pools))
+    catalog.notice(pools[1])
+    catalog.notice(pools[0])
     assert chosen(catalog, "m") == "pool-a"  # by name, as a listing is ordered
     assert chosen(catalog, "m", wanted="pool-b") == "pool-b"
 
@@ -49,7 +92,7 @@ def test_a_model_the_watch_shows_no_pool_for_is_looked_up_in_a_fresh_listing() -
     """A pool created a moment before the batch, before the watch showed it, still serves it;
     a model no pool serves is refused from the fresh listing."""
     listing = Listing(make_pool("pool-a", models=("m",)), make_pool("pool-new", models=("n",)))
-    catalog = PoolCatalog(listing)
+    catalog = catalog_of(listing)
     catalog.notice(make_pool("pool-a", models=("m",)))
     assert chosen(catalog, "n") == "pool-new"
     assert chosen(catalog, "x") is None
@@ -57,12 +100,14 @@ def test_a_model_the_watch_shows_no_pool_for_is_looked_up_in_a_fresh_listing() -
 
 
 def test_a_deleted_pool_leaves_the_catalog_and_an_edit_replaces_it() -> None:
-    catalog = PoolCatalog(Listing())
+    listing = Listing(make_pool("pool-a", models=("n",)))  # what the API server holds now
+    catalog = catalog_of(listing)
     catalog.notice(make_pool("pool-a", models=("m",)))
     catalog.notice(make_pool("pool-a", models=("n",)))  # models edited
     assert chosen(catalog, "m") is None
     assert chosen(catalog, "n") == "pool-a"
     catalog.notice(make_pool("pool-a", models=("n",)), deleted=True)
+    listing.pools = []
     assert chosen(catalog, "n") is None
 
 

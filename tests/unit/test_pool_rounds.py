@@ -7,13 +7,12 @@ created or deleted a slot Job."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import pathlib
 from typing import Any
 
 import pytest
 
-from llmbatch.controller.pools import REPORT_SECONDS, PoolRound
+from llmbatch.controller.pools import LATEST_SECONDS, REPORT_SECONDS, PoolRound
 from tests.fixtures.builders import make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
 
@@ -114,10 +113,41 @@ def test_a_patch_that_only_reports_waits_while_rounds_follow_each_other(
 
 def test_a_change_of_the_scaling_state_is_patched_at_once(tmp_path: pathlib.Path) -> None:
     h = harness(tmp_path, minSlots=0)
-    h.pool_round()  # patched: the first report
+    h.pool_round()
     submit(h, "batch-" + "c" * 24, requests=2)
-    result = asyncio.run(h.pool_step())  # within REPORT_SECONDS of the last patch
+    h.pools._reported["pool-a"] = h.now  # a report just went
+    result = asyncio.run(h.pool_step())
     assert result.status["desiredSlots"] == 1
+
+
+def test_a_value_that_went_back_before_the_pool_showed_it_is_sent_again(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A round's patch may land after the next round read the pool: a field that round N sent
+    and round N+1 computes back to what the pool still shows is sent again."""
+    h = harness(tmp_path, minSlots=0)
+    submit(h, "batch-" + "d" * 24, requests=2)
+    first = asyncio.run(h.pool_step())  # desired 0 -> 1, not yet in the pool
+    assert first.status["desiredSlots"] == 1
+    h.pools._latest["pool-a"] = ({**h.pools._latest["pool-a"][0], "desiredSlots": 5}, h.now)
+    second = asyncio.run(h.pool_step())  # computes 1 again: differs from what went last
+    assert second.status["desiredSlots"] == 1
+
+
+def test_the_last_computed_status_counts_only_while_young(tmp_path: pathlib.Path) -> None:
+    """Another replica may have led meanwhile: after LATEST_SECONDS the pool's status is the
+    truth again (here: no "Desired slots" step from a remembered value)."""
+    h = harness(tmp_path, minSlots=0)
+    submit(h, "batch-" + "e" * 24, requests=2)
+    asyncio.run(h.pool_step())
+    h.pools._latest["pool-a"] = ({**h.pools._latest["pool-a"][0], "desiredSlots": 2}, h.now)
+    assert desired_events(asyncio.run(h.pool_step())) == [
+        "Desired slots 2 → 1 (backlog " + _backlog(h) + ")"
+    ]
+    h.pools._latest["pool-a"] = ({"desiredSlots": 2}, h.now - LATEST_SECONDS)
+    assert desired_events(asyncio.run(h.pool_step())) == [
+        "Desired slots 0 → 1 (backlog " + _backlog(h) + ")"
+    ]
 
 
 # --- the slot Job listing --------------------------------------------------------------------
@@ -195,4 +225,3 @@ def test_every_round_lists_with_the_listing_reuse_off(tmp_path: pathlib.Path) ->
     for _ in range(3):
         h.pool_round()
     assert len(calls) == 3
-    assert copy.deepcopy(h.config.slot_job_listing_seconds) == 0.0

@@ -573,3 +573,39 @@ def test_a_lost_slot_costs_an_attempt_only_for_the_shards_it_had_started(
     assert started.attempts == 1  # type: ignore[attr-defined]
     assert queued.attempts == 0  # type: ignore[attr-defined]
     assert queued.reason is None  # type: ignore[attr-defined]
+
+
+def test_a_failed_slot_fails_what_it_ran_and_gives_back_what_it_held_queued(
+    h: ReconcilerHarness,
+) -> None:
+    """A slot Job that spent its retries with its engine loaded: the shard it ran fails
+    (SlotFailed: it may be what kills slots), the one it held queued goes back unblamed. One
+    whose engine never loaded fails everything it held (test_reconciler: the engine's
+    arguments are refused on any slot)."""
+    edit_pool(h, maxSlots=1, slotConcurrency=1)
+    name = submit(h, "batch-" + "f" * 24, requests=4)  # 2 shards of 2
+    h.pool_round()
+    (job,) = h.jobs()
+    slot = job["metadata"]["name"]
+    ch = channel(h, slot)
+    (first,) = ch.assignments()
+    ch.write_heartbeat(
+        SlotHeartbeat(
+            slot=slot,
+            seq=1,
+            state="ready",
+            started_at=h.now - 10,
+            ready_at=h.now - 5,
+            shards=[ShardReport(key=first, generation=1, state="running")],
+        )
+    )
+    h.pool_round()  # the second queues behind it
+    assert len(ch.assignments()) == 2
+    h.finish_job(job, failed="OOMKilled")
+    h.pool_round()
+    ran = lease_of(h, name, int(first.rsplit("-", 1)[1]))
+    queued = lease_of(h, name, 1 - int(first.rsplit("-", 1)[1]))
+    assert ran.state == "failed"  # type: ignore[attr-defined]
+    assert queued.state == "granted"  # type: ignore[attr-defined]  # to the slot started for it
+    assert queued.generation == 2  # type: ignore[attr-defined]
+    assert queued.attempts == 0  # type: ignore[attr-defined]

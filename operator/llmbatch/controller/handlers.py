@@ -242,7 +242,8 @@ async def pool_timer(
     if body.metadata.get("deletionTimestamp"):
         return
     stopped: kopf.DaemonStopped = kwargs["stopped"]
-    if not await scheduler.wait_due(name, POOL_WAIT_LIMIT, stopped.wait):
+    due = await scheduler.wait_due(name, POOL_WAIT_LIMIT, stopped.wait)
+    if not due or stopped.is_set():  # the operator exits or the pool is being deleted
         return
     index: kopf.Index[str, dict[str, Any]] = kwargs["running_batches"]  # kopf passes indexes
     batches = scheduler.running_batches(name, [dict(b) for b in index.get(name, [])])

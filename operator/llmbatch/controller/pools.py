@@ -40,6 +40,10 @@ BACKLOG_RECHECK = 0.5
 #: scaling state (``desiredSlots``, ``scaleDownSince``) is patched at once.
 REPORT_FIELDS = frozenset({"slotsInUse", "warmSlots", "queueDepth", "throughputPerSlot"})
 REPORT_SECONDS = 1.0
+#: A round computes from the status the previous round computed only if that is younger than
+#: this (the watch's lag, under load seconds); older, the pool's status is the truth (another
+#: replica may have led meanwhile).
+LATEST_SECONDS = 10.0
 
 
 def running_entry(batch: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -119,7 +123,8 @@ class PoolScheduler:
         self._rounds: dict[str, tuple[float, int]] = {}
         self._kicks: dict[str, int] = {}
         self._wake: dict[str, asyncio.Event] = {}  # set by a kick; cleared by who waits on it
-        self._latest: dict[str, dict[str, Any]] = {}  # pool -> the status its last round computed
+        # pool -> (the status its last round computed, when): see :meth:`step`
+        self._latest: dict[str, tuple[dict[str, Any], float]] = {}
         self._reported: dict[str, float] = {}  # pool -> when its status was last patched
         self._backlogged: set[str] = set()  # pools whose last round left shards waiting
         self._in_round: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -225,17 +230,26 @@ class PoolScheduler:
 
         Rounds can follow each other faster than the watch shows their status patches, so a
         round computes from the status the previous one computed (the scaling state, the
-        learned throughput) over ``status``. Its patch is what differs from ``status`` (a patch
-        that was lost or held back goes with the next one), held back when it only reports and
-        the last one went less than :data:`REPORT_SECONDS` ago."""
+        learned throughput; if younger than :data:`LATEST_SECONDS`) over ``status``. Its patch
+        is what differs from ``status`` (a patch that was lost or held back goes with the next
+        one) or from what the previous round computed, held back when it only reports and the
+        last one went less than :data:`REPORT_SECONDS` ago."""
         async with self._in_round[name]:
             if uid is not None and uid in self._deleted:
                 return PoolRound()
-            latest = {**status, **self._latest.get(name, {})}
-            result = await self._step(name, spec, latest, uid, batches)
-            self._latest[name] = result.status
-            changed = {k: v for k, v in result.status.items() if status.get(k) != v}
             now = self.clock()
+            written, computed_at = self._latest.get(name, ({}, -LATEST_SECONDS))
+            if now - computed_at >= LATEST_SECONDS:
+                written = {}  # older than the watch's lag: the pool's status is the truth
+            result = await self._step(name, spec, {**status, **written}, uid, batches)
+            self._latest[name] = (result.status, now)
+            # what the pool does not show, and what changed since the last round (its patch
+            # may land after this round read the pool: a value that went back is sent again)
+            changed = {
+                k: v
+                for k, v in result.status.items()
+                if status.get(k) != v or (k in written and written[k] != v)
+            }
             recent = now - self._reported.get(name, -REPORT_SECONDS) < REPORT_SECONDS
             if changed.keys() <= REPORT_FIELDS and recent:
                 changed = {}
@@ -250,13 +264,13 @@ class PoolScheduler:
         slot pods are still exiting; call again until none is."""
         if uid is not None:
             self._deleted.add(uid)
+        self._latest.pop(name, None)  # a pool of the same name later starts from its own status
         async with self._in_round[name]:
             left = await self.slots.fleet.remove_pool(name, pool.worker_namespace)
         if not left:
             self._rounds.pop(name, None)
             self._kicks.pop(name, None)
             self._wake.pop(name, None)
-            self._latest.pop(name, None)
             self._reported.pop(name, None)
             self._backlogged.discard(name)
             self._accepted.pop(name, None)

@@ -292,8 +292,12 @@ class SlotScheduler:
                 # A run the slot never reported started (queued: a slot sends a run's requests
                 # to its engine only once a heartbeat has said so) costs no attempt.
                 state = "preempted" if slot.exited or ended is None else "lost"
-                if slot.lost.startswith("slot Job failed"):
-                    state = "slot_failed"  # its pod's retries (backoffLimit) are spent
+                loaded = slot.heartbeat is not None and slot.heartbeat.ready_at is not None
+                if slot.lost.startswith("slot Job failed") and (ended is not None or not loaded):
+                    # its pod's retries (backoffLimit) are spent: what it ran, or all it held
+                    # when its engine never loaded (it would fail on any slot), fails; a shard
+                    # it held queued behind a loaded engine goes back without blame
+                    state = "slot_failed"
                 self._end_run(pool, assignment, lease, state, slot.lost, work, result)
             elif key not in work:  # the batch is stopping (cancel, expiry, pool deleted)
                 self._revoke(slot, key)
