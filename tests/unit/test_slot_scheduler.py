@@ -551,21 +551,39 @@ def test_a_waiting_standard_shard_takes_the_queue_place_of_a_flex_one(
     assert held() == {uid(first), uid(standard)}
 
 
-def test_a_lost_slot_costs_an_attempt_only_for_the_shards_it_had_started(
-    h: ReconcilerHarness,
-) -> None:
-    """A slot lost with one shard running and one queued (never reported started): the running
-    one goes back with an attempt counted (SlotLost), the queued one without."""
+def one_running_one_queued(
+    h: ReconcilerHarness, letter: str, ready_at: float | None
+) -> tuple[str, dict[str, Any], str]:
+    """A one-seat slot running the first of a batch's two shards and holding the second queued
+    behind it: (batch, slot Job, the running shard's key)."""
     edit_pool(h, maxSlots=1, slotConcurrency=1)
-    name = submit(h, "batch-" + "l" * 24, requests=4)  # 2 shards of 2
+    name = submit(h, "batch-" + letter * 24, requests=4)  # 2 shards of 2
     h.pool_round()
     (job,) = h.jobs()
     slot = job["metadata"]["name"]
     ch = channel(h, slot)
     (first,) = ch.assignments()
-    beat(h, slot)  # loaded, the first shard running
+    ch.write_heartbeat(  # the first shard running (its engine loaded at ``ready_at``)
+        SlotHeartbeat(
+            slot=slot,
+            seq=1,
+            state="ready",
+            started_at=h.now - 10,
+            ready_at=ready_at,
+            shards=[ShardReport(key=first, generation=1, state="running")],
+        )
+    )
     h.pool_round()  # the second queues behind it
     assert len(ch.assignments()) == 2
+    return name, job, first
+
+
+def test_a_lost_slot_costs_an_attempt_only_for_the_shards_it_had_started(
+    h: ReconcilerHarness,
+) -> None:
+    """A slot lost with one shard running and one queued (never reported started): the running
+    one goes back with an attempt counted (SlotLost), the queued one without."""
+    name, _, first = one_running_one_queued(h, "l", ready_at=None)
     h.now += h.config.slot_lease_seconds + 1  # no new heartbeat since
     h.pool_round()
     started = lease_of(h, name, int(first.rsplit("-", 1)[1]))
@@ -582,25 +600,7 @@ def test_a_failed_slot_fails_what_it_ran_and_gives_back_what_it_held_queued(
     (SlotFailed: it may be what kills slots), the one it held queued goes back unblamed. One
     whose engine never loaded fails everything it held (test_reconciler: the engine's
     arguments are refused on any slot)."""
-    edit_pool(h, maxSlots=1, slotConcurrency=1)
-    name = submit(h, "batch-" + "f" * 24, requests=4)  # 2 shards of 2
-    h.pool_round()
-    (job,) = h.jobs()
-    slot = job["metadata"]["name"]
-    ch = channel(h, slot)
-    (first,) = ch.assignments()
-    ch.write_heartbeat(
-        SlotHeartbeat(
-            slot=slot,
-            seq=1,
-            state="ready",
-            started_at=h.now - 10,
-            ready_at=h.now - 5,
-            shards=[ShardReport(key=first, generation=1, state="running")],
-        )
-    )
-    h.pool_round()  # the second queues behind it
-    assert len(ch.assignments()) == 2
+    name, job, first = one_running_one_queued(h, "f", ready_at=h.now - 5)
     h.finish_job(job, failed="OOMKilled")
     h.pool_round()
     ran = lease_of(h, name, int(first.rsplit("-", 1)[1]))
