@@ -73,8 +73,8 @@ class SlotFleet:
         up to 1.5 times that later."""
         fresh = self.config.slot_job_listing_seconds
         listed = self._listings.get(pool_name)
-        age = None if listed is None else now - listed[0]
-        if listed is None or age is None or not 0 <= age < 1.5 * fresh:
+        age = -1.0 if listed is None else now - listed[0]
+        if listed is None or not 0 <= age < 1.5 * fresh:
             return await self._list(pool_name, namespace, now)
         if age >= fresh and pool_name not in self._relisting:
             self._relisting[pool_name] = asyncio.create_task(
