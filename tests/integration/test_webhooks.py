@@ -25,7 +25,7 @@ import pytest
 from openai.types.webhooks import BatchCancelledWebhookEvent, BatchCompletedWebhookEvent
 
 from llmbatch.core.ids import batch_id_from_name
-from llmbatch.core.webhooks import DELIVERIES_ANNOTATION
+from llmbatch.core.webhooks import DELIVERIES_ANNOTATION, SIGNING_LABEL
 from tests.fixtures.operator import OperatorProcess
 from tests.integration.test_operator import (
     apply,
@@ -40,6 +40,8 @@ from tests.integration.test_operator import (
 
 pytestmark = pytest.mark.timeout(600)
 SECRET = "whsec_" + base64.b64encode(b"webhook test key, 32 bytes long!").decode()
+SIGNING = {SIGNING_LABEL: "true"}
+"""The label that lets the operator sign with a Secret."""
 SETTINGS = {
     "LLMBATCH_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
     "LLMBATCH_WEBHOOK_RETRY_BASE": "1",
@@ -152,7 +154,7 @@ def register(
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": f"{name}-signing", "namespace": namespace},
+        "metadata": {"name": f"{name}-signing", "namespace": namespace, "labels": SIGNING},
         "stringData": {"secret": SECRET},
     }
     spec: dict[str, Any] = {"url": url, "secretRef": {"name": f"{name}-signing"}}
@@ -369,7 +371,7 @@ def test_a_new_endpoint_is_checked_before_any_delivery(
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": "not-there", "namespace": namespace},
+        "metadata": {"name": "not-there", "namespace": namespace, "labels": SIGNING},
         "stringData": {"secret": SECRET},
     }
     apply(cluster, tmp_path, secret)

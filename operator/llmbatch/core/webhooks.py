@@ -18,7 +18,7 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal, get_args
 
@@ -37,6 +37,11 @@ MAX_ERROR = 512
 """Characters of an attempt's error kept on the record."""
 MAX_ENDPOINTS = 64
 """Endpoints one event goes to at most (the first by name)."""
+SIGNING_LABEL = "llmbatch.io/webhook-signing"
+"""Label (value ``"true"``) of a Secret the operator may sign with. Where the operator may read
+every Secret of a namespace (the chart's ``operator.webhooks.secretNamespaces``), a BatchWebhook's
+``secretRef`` could otherwise make it use any of them, another application's credentials, as an
+HMAC key: only a Secret labelled for it is one."""
 
 
 def event_type(status: str | None) -> WebhookEventType | None:
@@ -100,6 +105,17 @@ def build_event(batch_id: str, batch_uid: str, kind: WebhookEventType, ended_at:
 
 
 # --- signing -----------------------------------------------------------------------------------
+
+
+def unlabelled(namespace: str, name: str, labels: Mapping[str, str] | None) -> str | None:
+    """Why the Secret ``namespace/name`` may not sign (it does not opt in), or None when it may."""
+    if (labels or {}).get(SIGNING_LABEL) == "true":
+        return None
+    return (
+        f"Secret {namespace}/{name} is not labelled {SIGNING_LABEL}=true: the operator signs only "
+        f"with a Secret that carries it (kubectl label secret -n {namespace} {name} "
+        f"{SIGNING_LABEL}=true)"
+    )
 
 
 def signing_key(secret: str) -> bytes:

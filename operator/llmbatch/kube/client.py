@@ -334,6 +334,21 @@ class KubeClient:
             raise
         return dict(ns.metadata.annotations or {})
 
+    # --- events and secrets --------------------------------------------------------------------
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        """Post one core/v1 Event (``body`` as the API takes it)."""
+        await self.call(self.core.create_namespaced_event, namespace, body)
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One Secret as the API sends it (``data`` in base64), or None when it does not exist."""
+        try:
+            return await self.call_json(self.core.read_namespaced_secret, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     # --- jobs and pods -------------------------------------------------------------------------
 
     async def create_or_adopt_job(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The configuration check of a BatchWebhook: its ``Ready`` condition before any delivery.
 
 Run when the operator sees a generation of the object it has not checked: the URL (scheme, host,
-an address the guard allows) and the signing Secret (readable by the operator, a usable key). A
-delivery attempt sets ``Ready`` again from its own outcome.
+an address the guard allows) and the signing Secret (readable by the operator, labelled for
+signing, a usable key). A delivery attempt sets ``Ready`` again from its own outcome.
 """
 
 from __future__ import annotations
@@ -83,5 +83,5 @@ async def check(
     if why:
         await io.set_ready(namespace, name, uid, False, "ConfigError", why)
     else:
-        message = "The URL's host is allowed and the signing secret is readable."
+        message = "The URL's host is allowed and the signing Secret is labelled and readable."
         await io.set_ready(namespace, name, uid, True, "Configured", message)

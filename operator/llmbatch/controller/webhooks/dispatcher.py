@@ -272,7 +272,7 @@ class WebhookDispatcher:
             done = rules.after_failure(self.config.retry, delivery, attempt.error or "", now)
         try:  # the counters are for people: never lose the delivery's record over them
             await self.io.record_attempt(
-                namespace, delivery.webhook, done, attempt.ok, attempt.error
+                namespace, delivery.webhook, done, attempt.outcome, attempt.error
             )
         except Exception:
             log.warning("BatchWebhook %s/%s: status not updated", namespace, delivery.webhook)

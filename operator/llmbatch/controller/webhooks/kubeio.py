@@ -1,8 +1,9 @@
 """What webhook deliveries read and write through the operator's Kubernetes client.
 
-Reads: the namespace's BatchWebhooks, one Secret key. Writes: the Batch's deliveries annotation
-(the durable state), its ``WebhooksDelivered`` condition and Events (what ``kubectl describe
-batch`` shows), and the BatchWebhook's status counters and ``Ready`` condition.
+Reads: the namespace's BatchWebhooks, one key of a Secret labelled for signing. Writes: the
+Batch's deliveries annotation (the durable state), its ``WebhooksDelivered`` condition and Events
+(what ``kubectl describe batch`` shows), and the BatchWebhook's status counters and ``Ready``
+condition.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from llmbatch.api.resources import API_VERSION, SecretKeyRef
 from llmbatch.controller.kube import Kube
 from llmbatch.core import lifecycle
-from llmbatch.core.webhooks import DELIVERIES_ANNOTATION, Deliveries, Delivery
+from llmbatch.core.webhooks import (
+    DELIVERIES_ANNOTATION,
+    Deliveries,
+    Delivery,
+    unlabelled,
+)
 from llmbatch.kube import Conflict
 from llmbatch.kube.status import update_status
 
@@ -49,23 +55,27 @@ class WebhookIO:
         return await self.kube.get_custom("batchwebhooks", namespace, name)
 
     async def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
-        """The signing secret; ValueError saying what is missing."""
+        """The signing secret, from a Secret labelled for signing (:data:`SIGNING_LABEL`);
+        ValueError saying what is missing."""
+        where = f"Secret {namespace}/{ref.name}"
         try:
-            secret = await self.kube.call(
-                self.kube.core.read_namespaced_secret, ref.name, namespace
-            )
+            secret = await self.kube.read_secret(namespace, ref.name)
         except ApiException as exc:
-            if exc.status in (403, 404):
-                why = "does not exist" if exc.status == 404 else "is not readable by the operator"
-                raise ValueError(f"Secret {namespace}/{ref.name} {why}") from exc
+            if exc.status == 403:
+                raise ValueError(f"{where} is not readable by the operator") from exc
             raise
-        raw = (secret.data or {}).get(ref.key)
+        if secret is None:
+            raise ValueError(f"{where} does not exist")
+        why = unlabelled(namespace, ref.name, (secret.get("metadata") or {}).get("labels"))
+        if why:  # before its data is looked at: an unlabelled Secret is never a key
+            raise ValueError(why)
+        raw = (secret.get("data") or {}).get(ref.key)
         if not raw:
-            raise ValueError(f"Secret {namespace}/{ref.name} has no key {ref.key!r}")
+            raise ValueError(f"{where} has no key {ref.key!r}")
         try:
             return base64.b64decode(raw).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError) as exc:
-            raise ValueError(f"Secret {namespace}/{ref.name} key {ref.key!r} is not text") from exc
+            raise ValueError(f"{where} key {ref.key!r} is not text") from exc
 
     async def save(
         self, batch: dict[str, Any], deliveries: Deliveries, summary: tuple[bool, str, str]
@@ -127,16 +137,18 @@ class WebhookIO:
             "count": 1,
         }
         try:
-            await self.kube.call(self.kube.core.create_namespaced_event, meta["namespace"], body)
+            await self.kube.create_event(meta["namespace"], body)
         except ApiException as exc:
             log.warning(
                 "event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc
             )
 
     async def record_attempt(
-        self, namespace: str, name: str, delivery: Delivery, ok: bool, error: str | None
+        self, namespace: str, name: str, delivery: Delivery, outcome: str, error: str | None
     ) -> None:
-        """Count the attempt on the BatchWebhook's status and set its ``Ready`` condition."""
+        """Count the attempt on the BatchWebhook's status and set its ``Ready`` condition
+        (``ConfigError`` when the attempt never started: URL or signing Secret unusable)."""
+        ok = outcome == "delivered"
         now = int(time.time())
 
         def count(status: dict[str, Any]) -> None:
@@ -151,7 +163,9 @@ class WebhookIO:
                 status["givenUp"] = int(status.get("givenUp") or 0) + 1
 
         ready = (True, "Delivered", "The last delivery succeeded.")
-        if not ok:
+        if outcome == "config_error":
+            ready = (False, "ConfigError", error or "")
+        elif not ok:
             ready = (False, "DeliveryFailed", f"The last attempt failed: {error}")
         await self._update_webhook(namespace, name, delivery.webhook_uid, count, ready)
 
