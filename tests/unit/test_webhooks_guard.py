@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from llmbatch.controller.webhooks import GuardedResolver, Refused, Sender, check_host
-from llmbatch.core.netguard import parse_networks, refusal, url_problem
+from llmbatch.controller.webhooks import (
+    GuardedResolver,
+    GuardedSockets,
+    Refused,
+    Sender,
+    check_host,
+    refusals,
+)
+from llmbatch.core.netguard import ipv4_number, parse_networks, refusal, url_problem
 
 LOOPBACK = parse_networks("127.0.0.0/8,::1/128")
 
@@ -79,13 +87,92 @@ def test_url_rules() -> None:
     assert url_problem("http://host:99999/") is not None
 
 
+def test_url_hosts_must_be_ascii_and_ipv4_in_dotted_decimal() -> None:
+    assert url_problem("https://xn--mnchen-3ya.de/") is None
+    assert "is not ASCII" in (url_problem("https://m\u00fcnchen.de/") or "")
+    assert "is not ASCII" in (url_problem("http://public.example@127\u30020\u30020\u30021/") or "")
+    assert url_problem("http://93.184.216.34/") is None
+    why = url_problem("http://1572395042/")
+    assert why == (
+        "the URL's host 1572395042 is the IPv4 address 93.184.216.34: write it as 93.184.216.34"
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        ("2130706433", "127.0.0.1"),
+        ("0177.0.0.1", "127.0.0.1"),
+        ("0x7f.1", "127.0.0.1"),
+        ("0X7F.0.0.01", "127.0.0.1"),
+        ("127.1", "127.0.0.1"),
+        ("127.0.1", "127.0.0.1"),
+        ("127.0.0.1.", "127.0.0.1"),
+        ("0", "0.0.0.0"),
+        ("0xa9fea9fe", "169.254.169.254"),
+        ("4294967295", "255.255.255.255"),
+        ("93.184.216.34", "93.184.216.34"),
+    ],
+)
+def test_ipv4_numbers_are_read_as_inet_aton_reads_them(host: str, address: str) -> None:
+    assert ipv4_number(host) == ipaddress.IPv4Address(address)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "hooks.example.com",
+        "4294967296",
+        "256.0.0.1",
+        "1.2.3.4.5",
+        "08.0.0.1",
+        "1..2",
+        "",
+        "0x7g",
+        "\uff11\uff12\uff17.0.0.1",
+        "+1",
+        "1_0",
+        "127.0.0.1x",
+    ],
+)
+def test_other_hosts_are_not_ipv4_numbers(host: str) -> None:
+    assert ipv4_number(host) is None
+
+
 def test_ip_literals_are_checked_before_any_connection() -> None:
     with pytest.raises(Refused):
         check_host("127.0.0.1", ())
     with pytest.raises(Refused):
         check_host("[::1]", ())
+    with pytest.raises(Refused) as caught:
+        check_host("2130706433", ())
+    assert (
+        str(caught.value) == "2130706433 is read as 127.0.0.1: 127.0.0.1 is not public (loopback)"
+    )
     check_host("127.0.0.1", LOOPBACK)
     check_host("hooks.example.com", ())  # a name: the resolver checks it
+
+
+def test_the_socket_guard_refuses_before_a_socket_exists_and_records_it() -> None:
+    guard = GuardedSockets(())
+    stream = (socket.SOCK_STREAM, socket.IPPROTO_TCP, "")
+    with refusals() as refused:
+        for info in [
+            (socket.AF_INET, *stream, ("169.254.169.254", 80)),
+            (socket.AF_INET6, *stream, ("fe80::1%lo", 80, 0, 1)),
+            (socket.AF_INET6, *stream, ("::ffff:10.0.0.1", 80, 0, 0)),
+            (socket.AF_UNIX, *stream, ("/run/docker.sock",)),
+        ]:
+            with pytest.raises(Refused):
+                guard(info)
+    assert refused == [
+        "169.254.169.254 is a cloud metadata address",
+        "fe80::1 is not public (link-local)",
+        "::ffff:a00:1 carries 10.0.0.1: 10.0.0.1 is not public (private)",
+        f"address family {socket.AF_UNIX} is not IPv4 or IPv6",
+    ]
+    with GuardedSockets(LOOPBACK)((socket.AF_INET, *stream, ("127.0.0.1", 80))) as allowed:
+        assert allowed.family == socket.AF_INET
 
 
 def test_the_resolver_checks_every_address_of_a_name() -> None:

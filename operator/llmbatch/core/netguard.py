@@ -3,14 +3,20 @@
 Only public unicast addresses, unless an operator-configured network allows more: never
 loopback, private (RFC 1918, unique-local fc00::/7), link-local, shared (100.64/10), multicast,
 reserved, unspecified, or a cloud metadata address. An IPv4-mapped or NAT64 / 6to4 / Teredo
-IPv6 address is judged by the IPv4 address it carries. Pure: the resolver lives in the controller
-(``llmbatch.controller.webhooks.guard``), which checks every address a name resolves to and
-connects to the checked one.
+IPv6 address is judged by the IPv4 address it carries. Pure: the checks at resolve and connect
+time live in the controller (``llmbatch.controller.webhooks.guard``).
+
+A delivery URL's host must be ASCII and, when it is an IPv4 address, written as one in dotted
+decimal: IDNA folds Unicode digits and dots (full-width, circled, the ideographic full stop) into
+an IP literal, and inet_aton and WHATWG URL parsers read ``2130706433``, ``0177.0.0.1``,
+``0x7f.1`` or ``127.1`` as ``127.0.0.1``. Refusing both in the URL rule says plainly what the host
+means; the connect-time check refuses the address whatever the host was written as.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
@@ -32,6 +38,8 @@ METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
+_IPV4_PART = re.compile(r"0[xX][0-9a-fA-F]*|0[0-7]*|[1-9][0-9]*")
+"""One part of an IPv4 number as inet_aton and WHATWG read it: hex, octal or decimal (ASCII)."""
 
 
 def parse_networks(text: str) -> tuple[IPNetwork, ...]:
@@ -90,6 +98,44 @@ def first_refusal(addresses: Iterable[IPAddress], allowed: Sequence[IPNetwork] =
     return None
 
 
+def ipv4_number(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address inet_aton and WHATWG URL parsers read in ``host``, or None.
+
+    One to four dot-separated parts, each decimal, octal (leading 0) or hex (0x), the last one
+    filling the remaining bytes: ``2130706433``, ``0177.0.0.1``, ``0x7f.1`` and ``127.1`` are all
+    ``127.0.0.1``. A trailing dot is ignored, as WHATWG does.
+    """
+    parts = host.removesuffix(".").split(".")
+    if not 1 <= len(parts) <= 4 or not all(_IPV4_PART.fullmatch(p) for p in parts):
+        return None
+    *head, last = [_ipv4_part(p) for p in parts]
+    if any(n > 255 for n in head) or last >= 256 ** (4 - len(head)):
+        return None
+    value = last + sum(n << (8 * (3 - i)) for i, n in enumerate(head))
+    return ipaddress.IPv4Address(value)
+
+
+def _ipv4_part(part: str) -> int:
+    if part[:2].lower() == "0x":
+        return int(part[2:] or "0", 16)
+    if len(part) > 1 and part.startswith("0"):
+        return int(part, 8)
+    return int(part)
+
+
+def host_problem(host: str) -> str | None:
+    """What is wrong with a delivery URL's host as written, or None."""
+    if not host.isascii():
+        return (
+            f"the URL's host {host!r} is not ASCII: write a name in its ASCII (xn--) form "
+            "(Unicode digits and dots can spell an IP address)"
+        )
+    address = ipv4_number(host)
+    if address is not None and str(address) != host:
+        return f"the URL's host {host} is the IPv4 address {address}: write it as {address}"
+    return None
+
+
 def url_problem(url: str) -> str | None:
     """What is wrong with a delivery URL (scheme, host), or None."""
     try:
@@ -103,4 +149,4 @@ def url_problem(url: str) -> str | None:
         return "the URL has no host"
     if port == 0:
         return "the URL's port must not be 0"
-    return None
+    return host_problem(parts.hostname)

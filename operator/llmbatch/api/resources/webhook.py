@@ -17,11 +17,16 @@ from llmbatch.api.resources.fields import DNSName, Text
 WebhookEventType = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
 """OpenAI's batch event types: the batch's terminal status after ``batch.``."""
 
+_HOST = r"[\x21\x22\x24-\x2e\x30-\x3e\x41-\x7e]+"
+"""The URL's host (and port): printable ASCII but ``#``, ``/``, ``?`` and ``@``. Never Unicode:
+IDNA would fold full-width digits and dots into an IP address. Hex escapes and ranges only, the
+syntax both Kubernetes (Go RE2) and pydantic (Rust regex) read the same."""
+
 WebhookURL = Annotated[
     str,
-    StringConstraints(max_length=2048, pattern=r"^https?://[^\s/?#@]+(@[^\s/?#@]+)?([/?#]\S*)?$"),
+    StringConstraints(max_length=2048, pattern=rf"^https?://([^\s/?#@]+@)?{_HOST}([/?#]\S*)?$"),
 ]
-"""An absolute http(s) URL without whitespace."""
+"""An absolute http(s) URL without whitespace, its host in ASCII."""
 
 
 class SecretKeyRef(CRModel):
@@ -38,8 +43,9 @@ class BatchWebhookSpec(CRModel):
     """Where to send the events of this namespace's batches, which ones, and the signing key."""
 
     url: WebhookURL
-    """Endpoint that receives a POST per event (https, or http; the operator refuses non-public
-    addresses unless its configuration allows them)."""
+    """Endpoint that receives a POST per event (https, or http; the host in ASCII, an
+    internationalised name in its xn-- form; the operator refuses non-public addresses unless its
+    configuration allows them)."""
     events: Annotated[list[WebhookEventType], Field(min_length=1, max_length=4)] | None = None
     """Event types to send (batch.completed, batch.failed, batch.expired, batch.cancelled);
     unset: all four."""

@@ -7,15 +7,23 @@ The pure rules — event body, ids, signature, retry schedule, address rules —
 from __future__ import annotations
 
 from llmbatch.controller.webhooks.dispatcher import WebhookDispatcher, deliveries_of
-from llmbatch.controller.webhooks.guard import GuardedResolver, Refused, check_host
+from llmbatch.controller.webhooks.guard import (
+    GuardedResolver,
+    GuardedSockets,
+    Refused,
+    check_host,
+    refusals,
+)
 from llmbatch.controller.webhooks.sender import Attempt, Sender
 
 __all__ = [
     "Attempt",
     "GuardedResolver",
+    "GuardedSockets",
     "Refused",
     "Sender",
     "WebhookDispatcher",
     "check_host",
     "deliveries_of",
+    "refusals",
 ]

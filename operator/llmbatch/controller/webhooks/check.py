@@ -1,22 +1,23 @@
 """The configuration check of a BatchWebhook: its ``Ready`` condition before any delivery.
 
-Run when the operator sees a generation of the object it has not checked: the URL (scheme, host,
-an address the guard allows) and the signing Secret (readable by the operator, labelled for
-signing, a usable key). A delivery attempt sets ``Ready`` again from its own outcome.
+Run when the operator sees a generation of the object it has not checked: the URL (scheme, an
+ASCII host, an address the guard allows) and the signing Secret (readable by the operator,
+labelled for signing, a usable key). A delivery attempt sets ``Ready`` again from its own
+outcome, and checks the addresses again where it connects: what this check resolved is advice,
+never what a delivery trusts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import ValidationError
+from yarl import URL
 
 from llmbatch.api.resources import BatchWebhookSpec
-from llmbatch.controller.webhooks.guard import GuardedResolver, Refused, check_host
+from llmbatch.controller.webhooks.guard import GuardedResolver, Refused, check_host, literal
 from llmbatch.controller.webhooks.kubeio import WebhookIO
 from llmbatch.core import webhooks as rules
 from llmbatch.core.netguard import IPNetwork, url_problem
@@ -42,12 +43,15 @@ async def problem(
     why = url_problem(spec.url)
     if why:
         return why
-    parts = urlsplit(spec.url)
-    host = parts.hostname or ""
+    try:
+        url = URL(spec.url)
+    except ValueError as exc:
+        return f"bad URL: {exc}"
+    host = url.raw_host or ""  # the host exactly as the sender's aiohttp sees it
     try:
         check_host(host, allowed)
-        if not _literal(host):
-            await asyncio.wait_for(GuardedResolver(allowed).resolve(host, parts.port or 0), timeout)
+        if literal(host) is None:
+            await asyncio.wait_for(GuardedResolver(allowed).resolve(host, url.port or 0), timeout)
         rules.signing_key(await io.secret_value(namespace, spec.secret_ref))
     except Refused as exc:
         return f"refused: {exc}"
@@ -58,14 +62,6 @@ async def problem(
     except ValueError as exc:
         return str(exc)
     return None
-
-
-def _literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 async def check(

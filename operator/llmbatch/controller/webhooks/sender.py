@@ -1,7 +1,9 @@
 """One HTTP attempt of a webhook delivery: guarded addresses, timeouts, a bounded answer.
 
-No redirects are followed (a 3xx is a failed attempt), no proxy from the environment is used,
-the answer is read up to :data:`MAX_ANSWER` bytes (undecoded) and the connection closed.
+Every address is checked where the connection is made (:mod:`.guard`: the connector's resolver
+and socket factory), and an IP literal before the request. No redirects are followed (a 3xx is
+a failed attempt), no proxy from the environment is used, the answer is read up to
+:data:`MAX_ANSWER` bytes (undecoded) and the connection closed.
 """
 
 from __future__ import annotations
@@ -9,11 +11,18 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
+from yarl import URL
 
-from llmbatch.controller.webhooks.guard import GuardedResolver, Refused, check_host
+from llmbatch.controller.webhooks.guard import (
+    GuardedResolver,
+    GuardedSockets,
+    Refused,
+    check_host,
+    refusals,
+)
 from llmbatch.core.netguard import IPNetwork
 
 MAX_ANSWER = 64 * 1024
@@ -46,11 +55,16 @@ class Sender:
         self.concurrency = concurrency
         self._session: aiohttp.ClientSession | None = None
 
+    def _resolver(self) -> AbstractResolver:
+        """The connector's resolver: every address of a name checked, or the name refused."""
+        return GuardedResolver(self.allowed)
+
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
-                resolver=GuardedResolver(self.allowed),
-                use_dns_cache=False,
+                resolver=self._resolver(),
+                socket_factory=GuardedSockets(self.allowed),
+                use_dns_cache=False,  # every attempt resolves, and checks, afresh
                 limit=self.concurrency * 4,
                 force_close=True,
             )
@@ -71,27 +85,40 @@ class Sender:
     async def post(self, url: str, headers: dict[str, str], body: bytes) -> Attempt:
         """One attempt; never raises for what the endpoint or the network does."""
         started = time.monotonic()
-        try:
-            check_host(urlsplit(url).hostname or "", self.allowed)
-            async with self._client().post(
-                url, data=body, headers=headers, allow_redirects=False
-            ) as answer:
-                start = await answer.content.read(MAX_ANSWER)
-                status = answer.status
-        except Refused as exc:
-            return Attempt(False, "refused", f"refused: {exc}", time.monotonic() - started)
-        except aiohttp.ClientConnectorError as exc:
-            outcome = "refused" if isinstance(exc.os_error, Refused) else "network_error"
-            why = f"refused: {exc.os_error}" if outcome == "refused" else str(exc)
-            return Attempt(False, outcome, why, time.monotonic() - started)
-        except TimeoutError:
-            why = f"no answer within {self.timeout.total:g}s"
-            return Attempt(False, "timeout", why, time.monotonic() - started)
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            why = f"{type(exc).__name__}: {exc}"
-            return Attempt(False, "network_error", why, time.monotonic() - started)
+        with refusals() as refused:
+            try:
+                status, start = await self._exchange(url, headers, body)
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                outcome, why = self._failure(exc, refused)
+                return Attempt(False, outcome, why, time.monotonic() - started)
         seconds = time.monotonic() - started
         if 200 <= status < 300:
             return Attempt(True, "delivered", None, seconds)
         snippet = start[:_SNIPPET].decode("utf-8", "replace").strip()
         return Attempt(False, "http_error", f"HTTP {status}: {snippet}".rstrip(": "), seconds)
+
+    async def _exchange(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        """POST and read the start of the answer: (status, its first bytes)."""
+        check_host(URL(url).raw_host or "", self.allowed)  # the host as aiohttp connects to it
+        async with self._client().post(
+            url, data=body, headers=headers, allow_redirects=False
+        ) as answer:
+            return answer.status, await answer.content.read(MAX_ANSWER)
+
+    def _failure(self, exc: Exception, refused: list[str]) -> tuple[str, str]:
+        """The outcome and error of a failed attempt, given what the socket guard refused."""
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return _not_connected(exc, refused)
+        if isinstance(exc, Refused):
+            return "refused", f"refused: {exc}"  # an IP literal, before the request
+        if isinstance(exc, TimeoutError):
+            return "timeout", f"no answer within {self.timeout.total:g}s"
+        return "network_error", f"{type(exc).__name__}: {exc}"
+
+
+def _not_connected(exc: aiohttp.ClientConnectorError, refused: list[str]) -> tuple[str, str]:
+    if refused:  # happy eyeballs may have folded them into one "Multiple exceptions" OSError
+        return "refused", "refused: " + "; ".join(dict.fromkeys(refused))
+    if isinstance(exc.os_error, Refused):
+        return "refused", f"refused: {exc.os_error}"  # the resolver
+    return "network_error", str(exc)
