@@ -22,7 +22,7 @@ from llmbatch.api.resources import (
 from llmbatch.api.slot import ShardLease
 from llmbatch.controller import metrics
 from llmbatch.controller.batches.deps import PhaseDeps
-from llmbatch.controller.batches.gputime import gpu_time_charge
+from llmbatch.controller.batches.gputime import busy_shares, gpu_time_charge
 from llmbatch.controller.batches.merge import MergedResults, ShardOutcome, merge_shard_outputs
 from llmbatch.controller.batches.step import BatchView, Step, error, transition
 from llmbatch.controller.jobs import LABEL_BATCH_UID, slot_selector
@@ -31,7 +31,6 @@ from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
-from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 
 log = logging.getLogger("llmbatch.controller.batches")
@@ -199,16 +198,14 @@ class Finalization(PhaseDeps):
         charges = batch.status.billing
         pricing = batch.status.pricing
         if charges is not None and charges.mode == "GPUTime":
-            # The shards' busy shares as their progress records have them now: the status's
-            # copy is folded at most every progress interval (a cancel can end it sooner).
             status = batch.status.model_copy(deep=True)
-            for shard in status.shards or []:
-                prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
-                progress = await asyncio.to_thread(read_progress, self.store, prefix)
-                if progress is not None:
-                    shard.run_seconds = max(shard.run_seconds, math.ceil(progress.busy_seconds))
+            busy = await busy_shares(self.store, batch.namespace, batch.uid, status)
+            for shard, share in zip(status.shards or [], busy, strict=True):
+                shard.run_seconds = max(shard.run_seconds, math.ceil(share))  # shown per shard
             step.set(shards=status.shards)
-            used, cost = gpu_time_charge(status, pool, charges.gpu_hour_price)
+            used, cost = await gpu_time_charge(
+                self.store, batch.namespace, batch.uid, status, pool, charges.gpu_hour_price
+            )
             step.set(cost=cost, billing=charges.model_copy(update={"gpu_seconds": used}))
         elif pricing is not None:
             step.set(

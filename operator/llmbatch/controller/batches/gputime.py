@@ -1,27 +1,56 @@
 """The GPU time a batch used: its shards' shares of their slots' busy time.
 
 A slot is busy while at least one request is in its engine; while ``n`` requests are in it each
-accrues ``1/n`` of the time to its shard (``executor.slot.BusyLedger``), and the shard's progress
-record keeps the sum over its runs. So a batch is charged neither queue time (seed 000: queue
-time has no GPU charge) nor a warm slot's idle time nor another batch's share of a shared engine.
+accrues ``1/n`` of the time to its shard (``executor.sharedengine.BusyLedger``), and the
+shard's progress record keeps the sum over its runs. So a batch is charged neither queue time
+(seed 000: queue time has no GPU charge) nor a warm slot's idle time nor another batch's share
+of a shared engine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
+from collections.abc import Iterable
+
 from llmbatch.api.resources import BatchPoolSpec, BatchStatus
-from llmbatch.core import billing
+from llmbatch.core import billing, keys
+from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.shardresults import read_progress
 
 
-def gpu_seconds(status: BatchStatus, gpus: int) -> int:
-    """GPU-seconds of a batch: its shards' busy shares (``run_seconds``) times GPUs per slot."""
-    return sum(shard.run_seconds for shard in status.shards or []) * gpus
+def gpu_seconds(busy: Iterable[float], gpus: int) -> int:
+    """GPU-seconds of a batch: the sum of its shards' busy shares times GPUs per slot, rounded
+    up once for the batch (rounding each shard up would charge a batch of many short shards a
+    second per shard)."""
+    return math.ceil(round(sum(busy) * gpus, 3))
 
 
-def gpu_time_charge(
-    status: BatchStatus, pool: BatchPoolSpec | None, gpu_hour_price: str | None
+async def busy_shares(
+    store: ObjectStore, namespace: str, uid: str, status: BatchStatus
+) -> list[float]:
+    """Each shard's busy share as its progress record has it now (the status's ``runSeconds``
+    is folded at most every progress interval, and rounded)."""
+    shares = []
+    for shard in status.shards or []:
+        prefix = keys.shard_prefix(namespace, uid, shard.index)
+        progress = await asyncio.to_thread(read_progress, store, prefix)
+        shares.append(float(shard.run_seconds) if progress is None else progress.busy_seconds)
+    return shares
+
+
+async def gpu_time_charge(
+    store: ObjectStore,
+    namespace: str,
+    uid: str,
+    status: BatchStatus,
+    pool: BatchPoolSpec | None,
+    gpu_hour_price: str | None,
 ) -> tuple[int, str]:
-    """(GPU-seconds used, their cost) of a batch on a GPUTime pool."""
-    used = gpu_seconds(status, gpus_per_slot(status, pool))
+    """(GPU-seconds used, their cost) of a batch on a GPUTime pool: the one rule both its end
+    and its deletion before its end charge by."""
+    busy = await busy_shares(store, namespace, uid, status)
+    used = gpu_seconds(busy, gpus_per_slot(status, pool))
     charge = billing.final_charge(
         "GPUTime",
         pricing=None,

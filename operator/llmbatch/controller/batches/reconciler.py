@@ -218,5 +218,7 @@ class BatchReconciler:
         charge = "0"
         if charges.mode == "GPUTime":
             pool = await self.pool(batch.status.pool)
-            _, charge = gpu_time_charge(batch.status, pool, charges.gpu_hour_price)
+            _, charge = await gpu_time_charge(
+                self.store, batch.namespace, batch.uid, batch.status, pool, charges.gpu_hour_price
+            )
         await self.credits.settle(batch.namespace, batch.name, charge)
