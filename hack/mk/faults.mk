@@ -6,11 +6,13 @@
 #   make faults      the fault suite with its default (short) sweep, as `make test` runs it
 #   make soak        the long sweeps: LLMBATCH_FAULT_ITERATIONS (default 200) store/crash faults on
 #                    the suite's stack, LLMBATCH_CRASH_ITERATIONS (default 50) crashes on the stack
-#                    `llmbatch dev up` starts and as many on the chart install
+#                    `llmbatch dev up` starts and as many on the chart install,
+#                    LLMBATCH_BLAST_ITERATIONS (default 30) faults of one tenant on a shared slot
 TOXIPROXY_DIR := hack/toxiproxy
 TOXIPROXY_BIN := $(CACHE)/bin/toxiproxy-server
 SOAK_ITERATIONS ?= 200
 CRASH_SOAK_ITERATIONS ?= 50
+BLAST_SOAK_ITERATIONS ?= 30
 
 .PHONY: toxiproxy faults soak
 toxiproxy: $(TOXIPROXY_BIN)
@@ -27,7 +29,7 @@ faults: $(TEST_PREREQS)
 
 soak: $(TEST_PREREQS)
 	LLMBATCH_FAULT_ITERATIONS=$(SOAK_ITERATIONS) LLMBATCH_CRASH_ITERATIONS=$(CRASH_SOAK_ITERATIONS) \
-		$(BIN)/pytest tests/faults -x $(PYTEST_ARGS)
+		LLMBATCH_BLAST_ITERATIONS=$(BLAST_SOAK_ITERATIONS) $(BIN)/pytest tests/faults -x $(PYTEST_ARGS)
 
 # The crash sweeps alone (docs/reliability.md): on the stack `llmbatch dev up` starts and on the
 # chart install.

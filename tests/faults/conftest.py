@@ -89,14 +89,15 @@ def sweep_pool(name: str, worker_namespace: str) -> dict[str, Any]:
     )
 
 
-def _tenant(kubeconfig: pathlib.Path, gateway_namespace: str) -> tuple[str, str]:
+def tenant(kubeconfig: pathlib.Path, gateway_namespace: str) -> tuple[str, str]:
+    """A new tenant namespace with credit and an API key: (namespace, key)."""
     from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 
     namespace = f"tenant-faults-{uuid.uuid4().hex[:6]}"
     kubectl(kubeconfig, "create", "namespace", namespace)
     key = new_api_key()
     secret = key_secret(
-        "key-faults",
+        f"key-{namespace}",
         hash_key(key),
         namespace,
         ["inference:write", "inference:read"],
@@ -153,10 +154,10 @@ def fault_stack(
         gateway.store_uri = store_uri
         operator.start()
         gateway.start()
-        tenant, key = _tenant(kubeconfig, GATEWAY_NAMESPACE)
+        namespace, key = tenant(kubeconfig, GATEWAY_NAMESPACE)
         wait_for_key(gateway.base_url, key, accepted=True, timeout=60)
         stack = FaultStack(
-            str(kubeconfig), s3_server, bucket, toxiproxy, "s3", operator, gateway, tenant, key
+            str(kubeconfig), s3_server, bucket, toxiproxy, "s3", operator, gateway, namespace, key
         )
         try:
             yield stack

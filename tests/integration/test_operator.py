@@ -474,13 +474,15 @@ def test_expiry_reports_unrun_requests(
 def test_failing_shard_becomes_shard_failed_lines(
     cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
 ) -> None:
-    # every executor run of every shard dies after 3 answers: shards exhaust their retries
+    # every request crashes the engine (a broken model server): each crash is laid at the
+    # requests inside, which run alone next and are given up after a second crash; a shard under
+    # which the engine crashed more than its budget (twice its attempts) is given up
     pool = make_pool(
         cluster,
         tmp_path,
         shard_requests=10,
         backoff_limit=1,
-        engine_args=["--die-after=3", "--max-num-seqs=1"],
+        engine_args=["--crash-pattern=.", "--max-num-seqs=1"],
     )
     name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(20))
     batch = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=240)
@@ -490,6 +492,11 @@ def test_failing_shard_becomes_shard_failed_lines(
     failed = [e for e in errors if (e.get("error") or {}).get("code") == "shard_failed"]
     assert failed, errors
     assert "shard failed" in failed[0]["error"]["message"]
+    assert "engine crashed" in failed[0]["error"]["message"]
+    crashed = [e for e in errors if e.get("response")]  # given up after crashing it twice
+    assert all(
+        e["response"]["body"]["error"]["code"] == "request_crashed_engine" for e in crashed
+    ), crashed
     assert_accounted(status, outputs, errors)
     assert all(s["phase"] == "Failed" for s in status["shards"])
     events = cluster.kubectl(

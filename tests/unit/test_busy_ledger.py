@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbatch.executor.slot import BusyLedger
+from llmbatch.executor.sharedengine import BusyLedger
 
 
 class Clock:

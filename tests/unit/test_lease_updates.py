@@ -81,7 +81,7 @@ def test_a_fence_that_loses_the_race_to_a_grant_still_fences_the_granted_run(
     assert (fenced.generation, fenced.state) == (4, "fenced")
     assert fenced.attempts == 1  # the grant's fields were kept, not the fence's stale read
     # The run slot-b was granted cannot commit: its generation is gone.
-    assert LeaseFence(store, KEY, granted[0].generation).lost() is not None
+    assert LeaseFence(store, KEY, granted[0].generation, "slot-b").lost() is not None
 
 
 def test_a_shard_never_placed_is_fenced_even_when_a_first_grant_races_it(

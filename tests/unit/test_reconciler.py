@@ -98,13 +98,23 @@ def test_expiry_writes_batch_expired_lines(h: ReconcilerHarness) -> None:
 
 
 def test_failed_shard_becomes_shard_failed_lines_with_an_event(h: ReconcilerHarness) -> None:
+    """A failed slot costs its shards an attempt, not a verdict: they go to a new slot; once a
+    second slot failed under them they are presumed the cause and fail."""
     submit(h, requests=3)
     h.step_until(BATCH, "in_progress")
     h.step(BATCH)
-    h.pool_round()
-    for job in h.live_slots():  # the slot's pod failed its retries (backoffLimit)
-        h.finish_job(job, failed="BAD_CONFIG: engine refused its arguments")
-    h.pool_round()
+    slots: set[str] = set()
+    for _ in range(2):
+        h.pool_round()
+        for job in h.live_slots():
+            slots.add(job["metadata"]["name"])
+            h.finish_job(job, failed="BAD_CONFIG: engine refused its arguments")
+        h.pool_round()
+        h.step(BATCH)
+        if len(slots) == 1:  # one failed slot: both shards wait for another, one attempt each
+            assert {s["phase"] for s in h.status(BATCH)["shards"]} <= {"Pending", "Running"}
+            assert [s["reruns"] for s in h.status(BATCH)["shards"]] == [1, 1]
+    assert len(slots) == 2
     status = h.step_until(BATCH, "completed")
     assert status["requestCounts"] == {"total": 3, "completed": 0, "failed": 3}
     errors = h.file_lines(status["errorFileID"])

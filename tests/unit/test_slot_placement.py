@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from llmbatch.core.scheduling import QueuedShard
 from llmbatch.core.slots import (
+    Liveness,
     RunningShard,
     SlotView,
-    lease_lapsed,
     place,
     preemption_victims,
     seats,
@@ -97,13 +99,52 @@ def test_expedited_takes_back_the_newest_lowest_tier_shards_within_the_limit() -
     assert preemption_victims(waiting, running, 3, stopping=2) == []
 
 
-def test_concurrency_default_and_lease_lapse() -> None:
+def test_concurrency_default() -> None:
     assert slot_concurrency(None, 256) == 8
     assert slot_concurrency(None, 4) == 1
     assert slot_concurrency(3, 256) == 3
-    assert not lease_lapsed(None, now=1000, lease_seconds=30)  # never started: no lapse
-    assert not lease_lapsed(990, now=1000, lease_seconds=30)
-    assert lease_lapsed(960, now=1000, lease_seconds=30)
+
+
+def test_a_slot_lapses_after_the_lease_without_a_new_heartbeat() -> None:
+    live = Liveness(lease_seconds=30, slack=5)
+    for now in range(1000, 1031, 2):
+        live.look(now)
+        live.beat("s", 7 if now < 1010 else 8, now)  # one new heartbeat at 1010
+    for now in range(1032, 1041, 2):
+        live.look(now)
+    assert not live.lapsed("s", 1040)
+    live.look(1042)
+    assert live.lapsed("s", 1042)
+    assert not live.lapsed("never-started", 5000)  # no heartbeat yet: no lapse
+
+
+def test_time_the_operator_could_not_read_the_channels_never_counts() -> None:
+    """#31: a store outage of 60 s made every slot lost on the first round that read again,
+    although their heartbeats could not be written either. Blind time is credited."""
+    live = Liveness(lease_seconds=30, slack=5)
+    live.look(1000)
+    live.beat("s", 1, 1000)
+    # rounds fail (the store is down) from 1002 to 1070; the first reading after it:
+    live.look(1070)
+    live.beat("s", 1, 1070)  # the slot could not write a new one either
+    assert not live.lapsed("s", 1070)
+    for now in range(1072, 1095, 2):  # rounds every 2 s again
+        live.look(now)
+    assert not live.lapsed("s", 1094)  # 29 s of time it could see
+    live.look(1096)
+    assert live.lapsed("s", 1096)  # nothing new for 31 s of time it could see
+
+
+def test_a_slot_without_a_heartbeat_counts_its_unstarted_time_seen() -> None:
+    live = Liveness(lease_seconds=30, slack=5)
+    live.look(100)
+    live.beat("s", None, 100)
+    live.look(102)
+    assert live.unstarted("s", 102) == 2
+    live.look(200)  # 98 s blind: not counted
+    assert live.unstarted("s", 200) == pytest.approx(7)
+    live.beat("s", 1, 201)
+    assert live.unstarted("s", 201) == 0
 
 
 def _slot(name: str, load: int, queued: tuple[str, ...] = (), **kw: Any) -> SlotView:

@@ -18,11 +18,18 @@ from llmbatch.api.resources import Tier
 
 EngineName = Literal["vllm", "simulated"]
 
+CHANNEL_MODEL_CONFIG = ConfigDict(extra="ignore")
+"""The configuration of every message between operator and executor (this shard spec and the
+slot channel, ``llmbatch.api.slot``): unknown fields are ignored, so an operator one version
+ahead of an executor image, or behind it, still understands it. The rule that makes this safe
+(docs/upgrading.md): a field is never removed or given another meaning, and a new field has a
+default that means what an older peer does without it."""
+
 
 class ModelRef(BaseModel):
     """The model to serve: the name requests use and where its weights are."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = CHANNEL_MODEL_CONFIG
 
     name: str = Field(description="Served model name; request bodies' `model` must match it.")
     path: str = Field(description="Local folder (or file) of the weights, as the engine loads it.")
@@ -34,7 +41,7 @@ class ModelRef(BaseModel):
 class EngineSpec(BaseModel):
     """Which engine runs the requests, and its arguments."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = CHANNEL_MODEL_CONFIG
 
     name: EngineName = Field(description="`vllm` (production) or `simulated` (load tests only).")
     args: dict[str, Any] = Field(
@@ -48,7 +55,7 @@ class EngineSpec(BaseModel):
 class ShardSpec(BaseModel):
     """One shard of one batch: a byte range of the input file and where its results go."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = CHANNEL_MODEL_CONFIG
 
     batch_id: str = Field(description="OpenAI batch id (batch_...), for logs and messages.")
     batch_uid: str = Field(description="Batch uid: result-line ids derive from it.")
@@ -59,6 +66,15 @@ class ShardSpec(BaseModel):
         description="The batch's scheduling tier. Its requests carry the tier's engine priority "
         "(expedited ahead of standard ahead of flex), so on a slot shared by several shards an "
         "expedited shard's requests overtake the queued requests of lower tiers.",
+    )
+
+    cache_salt: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The engine's prefix-cache salt of the batch's tenant (vLLM `cache_salt`): "
+        "requests of different tenants sharing one engine never share cached prefixes, so a "
+        "cached-token count cannot tell one tenant what another sent. It replaces any salt a "
+        "request line brings. None: no salt (a local run).",
     )
 
     store: str = Field(description="URI of the store results are written to (and read from).")

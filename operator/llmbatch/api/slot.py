@@ -15,20 +15,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
+from llmbatch.api.shard import CHANNEL_MODEL_CONFIG, EngineSpec, ModelRef, ShardSpec
 
 LeaseState = Literal["granted", "released", "done", "failed", "fenced"]
-#: Lease states in which a shard may still be (re)granted: held by a slot, or back in the queue.
-OPEN_LEASE_STATES: tuple[LeaseState, ...] = ("granted", "released")
 ShardState = Literal["running", "done", "preempted", "engine_failed", "store_failed", "lease_lost"]
 
 
 class SlotSpec(BaseModel):
     """Everything a slot process needs before its first assignment (``--slot SOURCE``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = CHANNEL_MODEL_CONFIG
 
     pool: str = Field(description="The BatchPool this slot serves.")
     slot: str = Field(description="The slot's name (its Job's name); unique in the pool.")
@@ -65,7 +63,7 @@ class ShardLease(BaseModel):
     one shard.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = CHANNEL_MODEL_CONFIG
 
     generation: int = Field(ge=0, description="Raised on every grant (and when fenced).")
     slot: str = Field(default="", description="The slot holding the lease; empty when none.")
@@ -80,6 +78,17 @@ class ShardLease(BaseModel):
         default=0, ge=0, description="Runs that ended in a failure (engine, store, lost slot)."
     )
     preemptions: int = Field(default=0, ge=0, description="Times taken back for higher tiers.")
+    crashes: int = Field(
+        default=0,
+        ge=0,
+        description="Engine crashes with the shard's requests inside that were laid at those "
+        "requests (no attempt counted; bounded by twice the attempts allowed).",
+    )
+    failed_slots: list[str] = Field(
+        default_factory=list,
+        description="The last slots that failed or were lost while running it (a shard under "
+        "which two slots failed is given up).",
+    )
     reason: str | None = Field(
         default=None,
         description="Why the last run ended early, as an Event reason: ShardIncomplete, "
@@ -91,7 +100,7 @@ class ShardLease(BaseModel):
 class Assignment(BaseModel):
     """One shard given to one slot under one lease generation."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = CHANNEL_MODEL_CONFIG
 
     shard: ShardSpec
     lease_key: str | None = Field(
@@ -113,7 +122,7 @@ class Assignment(BaseModel):
 class ShardReport(BaseModel):
     """What the slot says of one assignment in its heartbeat."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = CHANNEL_MODEL_CONFIG
 
     key: str
     generation: int
@@ -126,6 +135,17 @@ class ShardReport(BaseModel):
         "engine each accrues 1/n): what GPU-time billing charges (docs/billing.md).",
     )
     message: str | None = None
+    counts_attempt: bool = Field(
+        default=True,
+        description="Whether a failed run counts as an attempt of the shard. False for an "
+        "engine crash attributed to the requests in flight (recorded as suspects, run alone "
+        "next time) and for one during which this shard had nothing in the engine.",
+    )
+    crash_suspects: int = Field(
+        default=0,
+        ge=0,
+        description="Requests of this run that were in the engine when it crashed.",
+    )
 
 
 class SlotHeartbeat(BaseModel):
@@ -135,7 +155,7 @@ class SlotHeartbeat(BaseModel):
     skew between nodes cannot expire or extend a lease.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = CHANNEL_MODEL_CONFIG
 
     slot: str
     seq: int = Field(
@@ -160,4 +180,9 @@ class SlotHeartbeat(BaseModel):
         default=0.0, description="Time since ready with no request in the engine."
     )
     shards: list[ShardReport] = Field(default_factory=list)
+    unreadable: list[str] = Field(
+        default_factory=list,
+        description="Assignments (by key) the slot could not parse: an operator of a newer "
+        "version wrote something this executor cannot run (the operator reports it).",
+    )
     exit_code: int | None = None

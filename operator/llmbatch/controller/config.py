@@ -78,6 +78,12 @@ class OperatorConfig:
     the queue (under a new lease generation) and its Job is deleted."""
     slot_poll_seconds: float = 0.5
     """How often a slot looks for new or revoked assignments."""
+    slot_start_seconds: float = 900.0
+    """A slot Job whose pod has sent no heartbeat this long (time the operator could see) is
+    removed and its shards go back to the queue without an attempt: its image cannot be
+    pulled, a Secret it mounts is missing, no node can meet its GPU request. Long enough for a
+    node to be added and an image of many GB pulled; its pod's waiting reason is a Warning
+    Event on the pool and on the batches waiting for it long before."""
     slot_job_listing_seconds: float = 1.0
     """A pool round reuses its listing of the pool's slot Jobs this long, and up to half as
     long again while it is listed anew in the background (``SlotFleet.jobs``); 0: every round
@@ -115,6 +121,7 @@ class OperatorConfig:
             slot_heartbeat_seconds=_float("LLMBATCH_SLOT_HEARTBEAT_SECONDS", 5.0),
             slot_lease_seconds=_float("LLMBATCH_SLOT_LEASE_SECONDS", 30.0),
             slot_poll_seconds=_float("LLMBATCH_SLOT_POLL_SECONDS", 0.5),
+            slot_start_seconds=_float("LLMBATCH_SLOT_START_SECONDS", 900.0),
             slot_job_listing_seconds=_float("LLMBATCH_SLOT_JOB_LISTING_SECONDS", 1.0),
             priority_class_prefix=os.environ.get("LLMBATCH_PRIORITY_CLASS_PREFIX") or None,
             credit_repair_interval=_float("LLMBATCH_CREDIT_REPAIR_INTERVAL", 30.0),

@@ -42,8 +42,9 @@ RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
 }
 
 
-#: Exit codes → Job actions: preemption (SIGTERM → flush → 75) and a node drain never spend the
-#: retry budget; an unusable spec (78) fails the Job at once; every other exit is retried.
+#: Exit codes → Job actions: preemption (SIGTERM → flush → 75) and a node drain are not failures
+#: (the pod is replaced); an unusable spec (78) fails the Job; with ``backoffLimit: 0`` so does
+#: every other exit (the operator settles the slot's shards and starts another slot).
 POD_FAILURE_POLICY: dict[str, Any] = {
     "rules": [
         {
@@ -165,10 +166,13 @@ def build_slot_job(
 ) -> dict[str, Any]:
     """The Job manifest of one slot (deterministic: the same inputs give the same object).
 
-    A slot pod that dies is replaced by the Job (``backoffLimit``) under the same slot name; if
-    the new pod heartbeats within the lease (``LLMBATCH_SLOT_LEASE_SECONDS``) it picks up the same
-    assignments and resumes them from their committed chunks, else the slot counts as lost and
-    its shards go to other slots.
+    ``backoffLimit: 0``: a slot pod that fails ends its slot, so failures never accumulate over
+    a warm slot's long life (a store blip at start, a crash, a bad node: each is one slot's
+    end, not a step toward a budget that a later, unrelated failure exhausts). The operator
+    settles its shards — one attempt for what it ran (``core.leases.settle``) — and starts
+    another slot when the backlog wants one. Preemption (exit 75) and disruption (a node
+    drain) are ignored by the pod failure policy: the Job replaces that pod under the same
+    slot, which resumes its assignments from their committed chunks.
     """
     labels = {LABEL_POOL: pool_name, LABEL_SLOT: slot, LABEL_COMPONENT: "executor"}
     container = _container(config, pool, slot, spec_key)
@@ -180,7 +184,7 @@ def build_slot_job(
         "spec": {
             "completions": 1,
             "parallelism": 1,
-            "backoffLimit": pool.executor.backoff_limit,
+            "backoffLimit": 0,
             "podFailurePolicy": copy.deepcopy(POD_FAILURE_POLICY),
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },

@@ -93,6 +93,22 @@ SLOT_QUEUE_RETURNS = Counter(
     ["pool"],
     registry=REGISTRY,
 )
+SLOT_MESSAGES_UNREADABLE = Counter(
+    "llmbatch_slot_messages_unreadable_total",
+    "Slot-channel messages a pool round or a slot could not parse (a peer of another version "
+    "wrote a field this side cannot read), by pool and reason: the message (heartbeat, lease, "
+    "assignment). Each is skipped, never a crash; docs/upgrading.md has the rule.",
+    ["pool", "reason"],
+    registry=REGISTRY,
+)
+SLOTS_NOT_STARTED = Counter(
+    "llmbatch_slots_not_started_total",
+    "Slot Jobs removed because their pod sent no heartbeat within LLMBATCH_SLOT_START_SECONDS "
+    "(an image that cannot be pulled, a missing Secret, a GPU request no node can meet), by "
+    "pool. Their shards went back to the queue without an attempt.",
+    ["pool"],
+    registry=REGISTRY,
+)
 POOL_ROUND_SECONDS = Histogram(
     "llmbatch_pool_round_seconds",
     "Wall time of one pool scheduling round (settle ended runs, place the queue head), by pool: "

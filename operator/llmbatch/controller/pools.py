@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.resources import API_VERSION, BatchPoolSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
@@ -305,6 +305,11 @@ class PoolScheduler:
         placed = await self.slots.round(name, pool, uid, batches, scaled.desired, now)
         metrics.POOL_ROUND_SECONDS.labels(name).observe(time.perf_counter() - started)
         result.events += placed.events
+        for ref, reason, message in placed.batch_events:
+            involved = {"apiVersion": API_VERSION, "kind": "Batch", **ref}
+            await self.kube.post_event(
+                involved, reason, message, warning=True, component="llmbatch-operator"
+            )
         if placed.waiting:
             self._backlogged.add(name)
         else:

@@ -26,7 +26,7 @@ from llmbatch.controller.slotstate import (
 )
 from llmbatch.core import keys
 from llmbatch.core.slots import Placement
-from llmbatch.storage.base import ObjectStore
+from llmbatch.storage.base import ObjectStore, delete_under
 from llmbatch.storage.slotchannel import clear_pool_channels
 
 ANNOTATION_MODEL = "llmbatch.io/model"
@@ -37,6 +37,9 @@ Assign = Callable[[str, str, Work, float], Awaitable[None]]
 """Lease a shard to a slot and write its assignment: (pool, slot, work, now)."""
 
 log = logging.getLogger(__name__)
+
+#: How often a pool's slot channels are compared with its slot Jobs (orphans removed).
+ORPHAN_SWEEP_SECONDS = 300.0
 
 
 class SlotFleet:
@@ -54,13 +57,20 @@ class SlotFleet:
         self.config = config
         self.forget = forget
         """Drop what the scheduler remembers of a removed slot (its heartbeat timing)."""
-        self._kept: set[str] = set()
-        """Slots whose keep-warm mark this process wrote (rewritten after a restart)."""
+        self._marks: dict[str, bool] = {}
+        """Slot -> whether its keep-warm mark is in the store, as this process last wrote or
+        read it (a slot not in it is read once: a restarted operator finds the marks its
+        predecessor left, and removes the ones no slot should keep)."""
+        self.draining: set[str] = set()
+        """Slots this process asked to drain: they take no new shard from then on, before
+        their heartbeat says they drain."""
         self._listings: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         """pool -> (when listed, its slot Jobs): see :meth:`jobs`."""
         self._changes: dict[str, int] = {}
         """pool -> how often this operator created or deleted one of its slot Jobs."""
         self._relisting: dict[str, asyncio.Task[None]] = {}
+        self._orphans: dict[str, tuple[float, set[str]]] = {}
+        """pool -> (when its channels were last swept, the channels found without a Job)."""
 
     async def jobs(self, pool_name: str, namespace: str, now: float) -> list[dict[str, Any]]:
         """The pool's slot Jobs, listed after this operator last created or deleted one.
@@ -102,6 +112,34 @@ class SlotFleet:
         self._changes[pool_name] = self._changes.get(pool_name, 0) + 1
         self._listings.pop(pool_name, None)
 
+    def _forget(self, slot: str) -> None:
+        self.forget(slot)
+        self._marks.pop(slot, None)
+        self.draining.discard(slot)
+
+    async def sweep_orphans(self, pool_name: str, jobs: set[str], now: float) -> int:
+        """Remove the channels of slots that have no Job — left behind when an operator died
+        between deleting a Job and its channel, or when someone else deleted the Job — at most
+        every :data:`ORPHAN_SWEEP_SECONDS`. A channel counts as an orphan only when it had no
+        Job at two sweeps in a row: a new slot's channel is written just before its Job is
+        created. How many channels were removed."""
+        last = self._orphans.get(pool_name)
+        if last is not None and now - last[0] < ORPHAN_SWEEP_SECONDS:
+            return 0
+        prefix = keys.pool_slots_prefix(pool_name)
+        listed = await asyncio.to_thread(lambda: list(self.store.list(prefix)))
+        channels = {info.key[len(prefix) :].split("/", 1)[0] for info in listed}
+        without_job = channels - jobs
+        removed = without_job & (last[1] if last is not None else set())
+        for slot in sorted(removed):
+            log.info("pool %s: removing the channel of slot %s, which has no Job", pool_name, slot)
+            await asyncio.to_thread(
+                delete_under, self.store, keys.slot_prefix(pool_name, slot) + "/"
+            )
+            self._forget(slot)
+        self._orphans[pool_name] = (now, without_job - removed)
+        return len(removed)
+
     async def keep_warm(self, pool: BatchPoolSpec, live: list[ObservedSlot]) -> set[str]:
         """Mark ``minSlots`` open slots (loaded ones first) to stay up past their idle time, and
         unmark the rest; the marked ones are never scaled down."""
@@ -112,9 +150,11 @@ class SlotFleet:
         kept = {s.name for s in open_slots[: pool.min_slots]}
         for slot in live:
             want = slot.name in kept
-            if want != (slot.name in self._kept):
+            if slot.name not in self._marks:
+                self._marks[slot.name] = await asyncio.to_thread(slot.channel.keep_requested)
+            if want != self._marks[slot.name]:
                 await asyncio.to_thread(slot.channel.keep_warm, want)
-                (self._kept.add if want else self._kept.discard)(slot.name)
+                self._marks[slot.name] = want
         return kept
 
     async def prestart(
@@ -193,8 +233,7 @@ class SlotFleet:
 
     async def remove(self, namespace: str, slot: ObservedSlot) -> None:
         """Delete the slot's Job (a hung process with it) and its channel."""
-        self.forget(slot.name)
-        self._kept.discard(slot.name)
+        self._forget(slot.name)
         self._changed(slot.pool)
         await self.kube.delete_job(namespace, slot.name)
         await asyncio.to_thread(slot.channel.clear)
@@ -207,8 +246,7 @@ class SlotFleet:
         self._changed(pool_name)
         for job in await self.kube.list_jobs(namespace, selector):
             slot = job["metadata"]["name"]
-            self.forget(slot)
-            self._kept.discard(slot)
+            self._forget(slot)
             if not job["metadata"].get("deletionTimestamp"):
                 await self.kube.delete_job(namespace, slot)
         left = len(await self.kube.list_pods(namespace, selector))
@@ -242,7 +280,8 @@ class SlotFleet:
     async def _drain(
         self, slot: ObservedSlot, reason: str, message: str, result: SlotRound
     ) -> None:
-        """Ask the slot to drain, once (an Event the first time)."""
+        """Ask the slot to drain, once (an Event the first time); it takes no new shard."""
+        self.draining.add(slot.name)
         if await asyncio.to_thread(slot.channel.drain_requested):
             return
         await asyncio.to_thread(slot.channel.request_drain)

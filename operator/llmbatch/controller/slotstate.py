@@ -47,17 +47,27 @@ class ObservedSlot:
     """It ended by itself (idle, drained): what it still held is re-queued without blame."""
     outdated: bool = False
     """Started before its pool was edited (another slot revision): it takes no new shard."""
+    draining: bool = False
+    """Asked to drain: it takes no new shard, even before its heartbeat says it drains."""
+    unreadable: bool = False
+    """Its heartbeat could not be parsed: what it runs is unknown, so nothing is settled."""
 
     @property
     def open(self) -> bool:
         beat = self.heartbeat
         alive = beat is None or beat.state in ("starting", "ready")
-        return self.lost is None and not self.outdated and alive
+        usable = not (self.outdated or self.draining or self.unreadable)
+        return self.lost is None and usable and alive
 
     def running(self) -> set[str]:
         """Shards its last heartbeat says are still running (revoked ones included)."""
         beat = self.heartbeat
         return {r.key for r in beat.shards if r.state == "running"} if beat else set()
+
+    def revoke(self, key: str) -> None:
+        """Take the shard back from the slot (store call) and forget it in this round."""
+        self.channel.revoke(key)
+        self.assignments.pop(key, None)
 
     def queued(self) -> dict[str, Assignment]:
         """Its assignments its last heartbeat does not show started (queued, or just granted)."""
@@ -78,6 +88,8 @@ class SlotRound:
     waiting: list[QueuedShard] = field(default_factory=list)
     """Shards still waiting for a slot after this round."""
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    batch_events: list[tuple[dict[str, str], str, str]] = field(default_factory=list)
+    """Warning Events for Batches: (the Batch's object reference, reason, message)."""
 
 
 def work_key(batch_uid: str, shard_index: int) -> str:
@@ -160,3 +172,32 @@ def slot_views(live: list[ObservedSlot], capacity: int, queue: int | None) -> li
             )
         )
     return views
+
+
+#: Container waiting reasons that mean a pod will not start by itself.
+STUCK_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "CrashLoopBackOff",
+        "RunContainerError",
+    }
+)
+
+
+def pod_not_starting(pod: dict[str, Any]) -> str | None:
+    """Why a slot's pod has not started its process, as a Kubernetes user would read it: the
+    scheduler cannot place it, or its container waits on an image, a Secret or a config."""
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            reason = cond.get("reason") or "Unschedulable"
+            return f"{reason}: {cond.get('message') or 'the pod cannot be scheduled'}"
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            return f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
+    return None

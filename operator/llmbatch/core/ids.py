@@ -38,3 +38,11 @@ def batch_id_from_name(name: str) -> str:
     if not name.startswith("batch-"):
         raise ValueError(f"not a batch object name: {name!r}")
     return "batch_" + name.removeprefix("batch-")
+
+
+def tenant_cache_salt(namespace: str) -> str:
+    """The prefix-cache salt of a tenant's requests (vLLM ``cache_salt``): the same for every
+    batch of the namespace, different across namespaces, so an engine shared by tenants never
+    reuses one tenant's cached prefix for another's request. Derived, not secret: the executor
+    replaces any salt a request line brings, so no tenant can send another's."""
+    return "t-" + _digest("cache-salt", namespace)[:32]

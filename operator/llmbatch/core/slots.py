@@ -224,11 +224,59 @@ def preemption_victims(
     return candidates[: max(0, len(expedited) - stopping)]
 
 
-def lease_lapsed(last_seen: float | None, now: float, lease_seconds: float) -> bool:
-    """Whether a slot's leases have lapsed: no new heartbeat for ``lease_seconds``, timed by
-    the operator's clock from when it last saw the heartbeat change (node clocks never count).
+class Liveness:
+    """When each slot of one pool last showed a new heartbeat, on the operator's clock, counting
+    only time in which the operator could read the pool's channels.
 
-    A slot that never sent one has not started its process (its pod waits for a node or an
-    image): its Job's own state tells when it fails.
+    A slot lapses after ``lease_seconds`` without a new heartbeat ``seq``. Node clocks never
+    count (skew cannot expire or extend a lease). Neither does the operator's own blindness: a
+    gap between two successful readings of the channels longer than ``slack`` (the store was
+    down, the operator stalled or restarted its watch) is added to every slot's time, so a
+    store outage of minutes does not mark every slot lost on the first round that reads again
+    — their heartbeats could not be written either, and the runners survive it. A slot that
+    never sent a heartbeat has not started its process: :meth:`lapsed` is False for it (its
+    Job and the start bound decide, ``unstarted``).
     """
-    return last_seen is not None and now - last_seen > lease_seconds
+
+    def __init__(self, lease_seconds: float, slack: float) -> None:
+        self.lease_seconds = lease_seconds
+        self.slack = slack
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._first: dict[str, float] = {}
+        self._looked: float | None = None
+
+    def look(self, now: float) -> None:
+        """Every channel of the pool was read at ``now``: credit the time since the last
+        reading beyond ``slack`` to every slot."""
+        if self._looked is not None:
+            blind = now - self._looked - self.slack
+            if blind > 0:
+                self._seen = {slot: (seq, at + blind) for slot, (seq, at) in self._seen.items()}
+                self._first = {slot: at + blind for slot, at in self._first.items()}
+        self._looked = now
+
+    def beat(self, slot: str, seq: int | None, now: float) -> bool:
+        """Note the slot's heartbeat ``seq`` (None: none yet); True when it is new."""
+        self._first.setdefault(slot, now)
+        if seq is None:
+            return False
+        seen = self._seen.get(slot)
+        if seen is not None and seen[0] == seq:
+            return False
+        self._seen[slot] = (seq, now)
+        return True
+
+    def lapsed(self, slot: str, now: float) -> bool:
+        """No new heartbeat for ``lease_seconds`` of time the operator could see."""
+        seen = self._seen.get(slot)
+        return seen is not None and now - seen[1] > self.lease_seconds
+
+    def unstarted(self, slot: str, now: float) -> float:
+        """Seconds of seen time the slot has existed without a heartbeat (0 once it has one)."""
+        if slot in self._seen:
+            return 0.0
+        return now - self._first.get(slot, now)
+
+    def forget(self, slot: str) -> None:
+        self._seen.pop(slot, None)
+        self._first.pop(slot, None)

@@ -4,21 +4,16 @@ results as chunks, stop cleanly on request, notice a dead or hung engine."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-import orjson
-from pydantic import ValidationError
-
-from llmbatch.api.openai import BatchRequestLine
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
-from llmbatch.core.tiers import TIER_RANK
-from llmbatch.core.validation import normalize_endpoint
 from llmbatch.executor.engines.base import (
     Engine,
     EngineDead,
@@ -26,13 +21,23 @@ from llmbatch.executor.engines.base import (
     EngineResult,
     error_body,
 )
+from llmbatch.executor.shardinput import BadLine, parse_line, range_lines
 from llmbatch.storage.base import ObjectStore, StoreError
-from llmbatch.storage.shardresults import CommitFailed, ResultLine, ShardResults, result_line
-from llmbatch.storage.slotchannel import LeaseFence
+from llmbatch.storage.shardresults import (
+    CommitFailed,
+    Fence,
+    Fenced,
+    ResultLine,
+    ShardResults,
+    result_line,
+)
 
 log = logging.getLogger("llmbatch.executor")
+T = TypeVar("T")
 
-_UTF8_BOM = b"\xef\xbb\xbf"
+#: A request that was in the engine at this many of its crashes (the last time alone) is not
+#: sent again: it becomes an error line, and the rest of its shard runs.
+CRASHES_TO_GIVE_UP = 2
 
 
 class Outcome(enum.Enum):
@@ -40,8 +45,9 @@ class Outcome(enum.Enum):
     PREEMPTED = "preempted"
     ENGINE_FAILED = "engine_failed"
     STORE_FAILED = "store_failed"
-    """Results could not be committed within the retry window: the run ends so the Job retries
-    and the next run resumes from the committed chunks."""
+    """The store failed this run for longer than its retry window (its input, its results or
+    its lease): the run ends, its shard goes back to the queue, and the next run resumes from
+    the committed chunks. The slot and its other runs go on."""
     LEASE_LOST = "lease_lost"
     """The shard's lease went to another slot (ours lapsed): stop, commit nothing more; the new
     holder resumes from the committed chunks."""
@@ -75,16 +81,30 @@ class ShardRunner:
         store: ObjectStore,
         input_store: ObjectStore | None = None,
         *,
-        fence: LeaseFence | None = None,
+        fence: Fence | None = None,
+        generation: int = 0,
+        in_engine: Callable[[], set[str]] | None = None,
     ) -> None:
         self.spec = spec
-        self.fence = fence
         self.engine = engine
         self.store = store
         self.input_store = input_store or store
         self.results = ShardResults(
-            store, spec.output_prefix, batch_id=spec.batch_id, shard_index=spec.shard_index
+            store,
+            spec.output_prefix,
+            batch_id=spec.batch_id,
+            shard_index=spec.shard_index,
+            fence=fence,
+            generation=generation,
         )
+        self._in_flight: set[str] = set()
+        #: The custom_ids of this run inside the engine now (past any gate of the slot's).
+        self.in_engine = in_engine or (lambda: set(self._in_flight))
+        self.counts_attempt = True
+        """Whether this run's failure is the shard's doing (see ``ShardReport.counts_attempt``)."""
+        self.crash_suspects = 0
+        """Requests of this run the engine crash was laid at."""
+        self._crash_suspects: set[str] | None = None
         self.max_in_flight = spec.max_in_flight or 2 * engine.max_num_seqs
         self.stats = ShardStats()
         self.message: str | None = None
@@ -93,6 +113,7 @@ class ShardRunner:
         self._store_failure: str | None = None
         self._crash: BaseException | None = None
         self._lease_lost: str | None = None
+        self._input_failure: str | None = None
         self._cond: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._commit_tasks: set[asyncio.Task[None]] = set()
@@ -113,6 +134,7 @@ class ShardRunner:
         if self._engine_failure is None:
             log.error("shard %s: engine failed: %s", self.spec.shard_index, reason)
             self._engine_failure = reason
+            self._crash_suspects = self.in_engine()  # what was inside when it broke
         self._wake()
 
     def _wake(self) -> None:
@@ -156,18 +178,29 @@ class ShardRunner:
             or self._store_failure is not None
             or self._crash is not None
             or self._lease_lost is not None
+            or self._input_failure is not None
         )
 
     # --- main ------------------------------------------------------------------------------------
 
     async def run(self) -> Outcome:
+        """Run the shard. A store that stays down, or a lease lost, ends this run only."""
         self._cond = asyncio.Condition()
         self._commit_lock = asyncio.Lock()
-        await asyncio.to_thread(self.results.recover)
-        self._sync_stats()
-        if await self._fenced_out():
+        try:
+            return await self._run()
+        except Fenced as exc:
+            self._lease_lost = self._lease_lost or str(exc)
             return self._end_lease_lost()
-        await asyncio.to_thread(self.results.write_progress, state="running", done=False)
+        except StoreError as exc:
+            self._store_failure = self._store_failure or str(exc)
+            return await self._end_store_failed()
+
+    async def _run(self) -> Outcome:
+        await self._store_call(self.results.recover)
+        self._sync_stats()
+        await self._store_call(self.results.check_fence)
+        await self._store_call(self.results.write_progress, state="running", done=False)
         background = [
             asyncio.create_task(self._flush_timer()),
             asyncio.create_task(self._watchdog()),
@@ -188,23 +221,14 @@ class ShardRunner:
             raise RunnerCrashed(f"{type(self._crash).__name__}: {self._crash}") from self._crash
         if self._lease_lost is not None:
             return self._end_lease_lost()
+        if self._store_failure is None and self._input_failure is not None:
+            self._store_failure = f"input unreadable: {self._input_failure}"
         if self._store_failure is not None:
             return await self._end_store_failed()
-        # A stop request wins over an engine failure that follows it (Ctrl-C reaches the engine
-        # core's process group too and kills it: that is not an engine fault).
-        if self._stopping:
-            outcome, state = Outcome.PREEMPTED, "preempted"
-            self.message = "preempted: stopped on request; finished results are committed"
-        elif self._engine_failure is not None:
-            outcome, state = Outcome.ENGINE_FAILED, "engine_failed"
-            self.message = f"engine failed: {self._engine_failure}"
-        elif not finished_reading:
-            outcome, state = Outcome.PREEMPTED, "preempted"
-            self.message = "preempted: stopped before the whole range was read"
-        else:
-            outcome, state = Outcome.DONE, "done"
-            self.message = None
-        await asyncio.to_thread(
+        outcome, state = self._ending(finished_reading)
+        if outcome is Outcome.ENGINE_FAILED:
+            await self._record_crash()
+        await self._store_call(
             self.results.write_progress,
             state=state,
             done=outcome is Outcome.DONE,
@@ -213,61 +237,119 @@ class ShardRunner:
         self._sync_stats()
         return outcome
 
+    def _ending(self, finished_reading: bool) -> tuple[Outcome, str]:
+        """How a run that kept its lease and its store ends, and its message."""
+        # A stop request wins over an engine failure that follows it (Ctrl-C reaches the engine
+        # core's process group too and kills it: that is not an engine fault).
+        if self._stopping:
+            self.message = "preempted: stopped on request; finished results are committed"
+            return Outcome.PREEMPTED, "preempted"
+        if self._engine_failure is not None:
+            self.message = f"engine failed: {self._engine_failure}"
+            return Outcome.ENGINE_FAILED, "engine_failed"
+        if not finished_reading:
+            self.message = "preempted: stopped before the whole range was read"
+            return Outcome.PREEMPTED, "preempted"
+        self.message = None
+        return Outcome.DONE, "done"
+
+    async def _record_crash(self) -> None:
+        """Lay an engine crash at the door of the requests that were inside: they are sent
+        alone next time, and given up after :data:`CRASHES_TO_GIVE_UP`. Then the crash is not
+        the shard's failure (no attempt) — nor when nothing of the shard was inside."""
+        suspects = self._crash_suspects or set()
+        if suspects:
+            try:
+                await self._store_call(self.results.record_crash, suspects)
+            except (StoreError, Fenced) as exc:
+                log.warning("shard %s: crash suspects not recorded: %s", self.spec.shard_index, exc)
+                return  # the crash counts against the shard: nothing else bounds it now
+            self.message = f"{self.message}; {len(suspects)} requests in the engine run alone next"
+        self.crash_suspects = len(suspects)
+        self.counts_attempt = False
+
+    async def _store_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn`` in a thread, retried with backoff on a store error for the shard's
+        ``store_retry_seconds``; a lost lease (:class:`Fenced`) is never retried."""
+        delay, deadline = 0.25, time.monotonic() + self.spec.store_retry_seconds
+        while True:
+            try:
+                return await asyncio.to_thread(fn, *args, **kwargs)
+            except StoreError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("shard %s: %s; again in %.2f s", self.spec.shard_index, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     def _end_lease_lost(self) -> Outcome:
         """Another slot holds the shard now: its progress record is the new holder's to write."""
         self.message = f"lease lost: {self._lease_lost}"
         log.warning("shard %s: %s", self.spec.shard_index, self.message)
         return Outcome.LEASE_LOST
 
-    async def _fenced_out(self) -> bool:
-        """Check the lease (when the shard runs under one); a lost lease halts the run."""
-        if self.fence is None or self._lease_lost is not None:
-            return self._lease_lost is not None
-        lost = await asyncio.to_thread(self.fence.lost)
-        if lost is not None:
-            self._lease_lost = lost
-            self._wake()
-        return lost is not None
-
     async def _end_store_failed(self) -> Outcome:
         """Never report ``done`` with results uncommitted: say why (best effort, the store is
-        failing) and let the Job retry; the next run skips what the chunks hold."""
+        failing) and end the run; the next one skips what the chunks hold."""
         self.message = f"store failed: {self._store_failure}"
         try:
             await asyncio.to_thread(
                 self.results.write_progress, state="failed", done=False, message=self.message
             )
-        except StoreError as exc:
+        except (StoreError, Fenced) as exc:
             log.warning("shard %s: progress record not written: %s", self.spec.shard_index, exc)
         return Outcome.STORE_FAILED
 
     async def _feed(self) -> bool:
-        """Read the range and start requests; True when the whole range was read."""
-        assert self._cond is not None
-        async for line_no, raw in self._lines():
-            if self._halted:
-                return False
-            self.stats.read += 1
-            parsed = self._parse(line_no, raw)
-            if isinstance(parsed, ResultLine):
-                self._record(parsed)
-                continue
-            if parsed.custom_id in self.results.done_ids:
-                self.stats.skipped += 1
-                continue
-            async with self._cond:
-                await self._cond.wait_for(
-                    lambda: self.stats.in_flight < self.max_in_flight or self._halted
-                )
-            if self._halted:
-                return False
-            if self.results.pending_count >= 2 * self.spec.flush_lines:
-                await self._commit()  # backpressure: the store is behind the engine
-            if self.stats.in_flight == 0:
-                self._last_result = time.monotonic()  # the watchdog times from the first request
-            self.stats.in_flight += 1
-            self._spawn(self._run_one(parsed), self._tasks)
+        """Read the range and start requests; True when the whole range was read. An input that
+        stays unreadable stops the feed; what is in flight still finishes and is committed."""
+        try:
+            async for line_no, raw in range_lines(self.input_store, self.spec):
+                if self._halted:
+                    return False
+                self.stats.read += 1
+                request = self._request(line_no, raw)
+                if request is not None and not await self._submit(request):
+                    return False
+        except StoreError as exc:
+            log.error("shard %s: input unreadable: %s", self.spec.shard_index, exc)
+            self._input_failure = str(exc)
+            return False
         return not self._halted
+
+    def _request(self, line_no: int, raw: bytes) -> EngineRequest | None:
+        """The line's engine request, or None when the line is settled without the engine (a
+        bad line, one with a result, one given up after crashing the engine)."""
+        try:
+            request = parse_line(self.spec, line_no, raw)
+        except BadLine as bad:
+            self._record(self._bad(bad.custom_id, bad.message, bad.param))
+            return None
+        if request.custom_id in self.results.done_ids:
+            self.stats.skipped += 1
+            return None
+        crashes = self.results.suspects.get(request.custom_id, 0)
+        if crashes >= CRASHES_TO_GIVE_UP:
+            self._record(self._line(request.custom_id, _crashed_engine(crashes)))
+            return None
+        return dataclasses.replace(request, isolated=True) if crashes else request
+
+    async def _submit(self, request: EngineRequest) -> bool:
+        """Start one request once the in-flight bound allows; False when the run halted."""
+        assert self._cond is not None
+        async with self._cond:
+            await self._cond.wait_for(
+                lambda: self.stats.in_flight < self.max_in_flight or self._halted
+            )
+        if self._halted:
+            return False
+        if self.results.pending_count >= 2 * self.spec.flush_lines:
+            await self._commit()  # backpressure: the store is behind the engine
+        if self.stats.in_flight == 0:
+            self._last_result = time.monotonic()  # the watchdog times from the first request
+        self.stats.in_flight += 1
+        self._spawn(self._run_one(request), self._tasks)
+        return True
 
     async def _drain(self) -> None:
         """Wait for in-flight requests: all of them normally, a grace period when stopping."""
@@ -291,6 +373,7 @@ class ShardRunner:
     # --- one request -----------------------------------------------------------------------------
 
     async def _run_one(self, request: EngineRequest) -> None:
+        self._in_flight.add(request.custom_id)
         try:
             try:
                 result = await self.engine.handle(request)
@@ -316,6 +399,7 @@ class ShardRunner:
             self._last_result = time.monotonic()
             self._record(self._line(request.custom_id, result))
         finally:
+            self._in_flight.discard(request.custom_id)
             self.stats.in_flight -= 1
             self._wake()
 
@@ -346,9 +430,9 @@ class ShardRunner:
         retried with backoff for ``store_retry_seconds``, then the run is halted with
         STORE_FAILED (never a dropped result, never ``done`` with results uncommitted).
 
-        Under a lease, each commit first checks that the lease is still ours: once another
-        slot holds the shard nothing more is written (the new holder re-runs what is not
-        committed)."""
+        Under a lease every write checks that the lease is still ours (``ShardResults``): once
+        another slot holds the shard nothing more is written (the new holder re-runs what is
+        not committed)."""
         assert self._commit_lock is not None
         async with self._commit_lock:
             delay = 0.25
@@ -356,9 +440,11 @@ class ShardRunner:
             while self.results.pending_count:
                 self._last_commit = time.monotonic()
                 try:
-                    if await self._fenced_out():
-                        return
                     await self._commit_once()
+                    return
+                except Fenced as exc:
+                    self._lease_lost = self._lease_lost or str(exc)
+                    self._wake()
                     return
                 except CommitFailed as exc:
                     self.results.restore(exc.unwritten)
@@ -395,62 +481,6 @@ class ShardRunner:
         self.stats.output_tokens = p.output_tokens
         self.stats.total_tokens = p.total_tokens
 
-    # --- input -----------------------------------------------------------------------------------
-
-    async def _lines(self) -> AsyncIterator[tuple[int, bytes]]:
-        spec = self.spec
-        chunks = iter(self.input_store.iter_range(spec.input_key, spec.start, spec.end))
-        line_no = spec.first_line
-        buffer = b""
-        first = spec.start == 0
-        while True:
-            chunk = await asyncio.to_thread(next, chunks, None)
-            if chunk is None:
-                break
-            if first:
-                chunk = chunk.removeprefix(_UTF8_BOM)
-                first = False
-            buffer += chunk
-            *complete, buffer = buffer.split(b"\n")
-            for raw in complete:
-                if raw.strip():
-                    yield line_no, raw
-                line_no += 1
-        if buffer.strip():
-            yield line_no, buffer
-
-    def _parse(self, line_no: int, raw: bytes) -> EngineRequest | ResultLine:
-        """An engine request, or the error line of a line that cannot run."""
-        custom_id = f"__line_{line_no}"
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return self._bad(custom_id, f"Line {line_no} is not valid JSON: {exc}", None)
-        if isinstance(value, dict) and isinstance(value.get("custom_id"), str):
-            custom_id = value["custom_id"]
-        try:
-            line = BatchRequestLine.model_validate(value)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first.get("loc", ())) or None
-            return self._bad(custom_id, f"Line {line_no}: {first.get('msg')}", param)
-        if normalize_endpoint(line.url) != self.spec.endpoint:
-            return self._bad(
-                custom_id,
-                f"Line {line_no}: url {line.url!r} is not the batch endpoint {self.spec.endpoint}.",
-                "url",
-            )
-        if line.body.get("stream") is True:
-            return self._bad(custom_id, f"Line {line_no}: stream is not supported.", "body.stream")
-        uid = self.spec.batch_uid
-        return EngineRequest(
-            custom_id=line.custom_id,
-            url=self.spec.endpoint,
-            body=line.body,
-            request_id=request_id(uid, line.custom_id),
-            priority=TIER_RANK[self.spec.tier],
-        )
-
     def _bad(self, custom_id: str, message: str, param: str | None) -> ResultLine:
         body = error_body(message, status_code=400, param=param, code="invalid_request_line")
         return self._line(custom_id, EngineResult(400, body))
@@ -485,3 +515,13 @@ class ShardRunner:
             "skipped": self.stats.skipped,
             "in_flight": self.stats.in_flight,
         }
+
+
+def _crashed_engine(crashes: int) -> EngineResult:
+    """The error answer of a request given up because the engine crashed under it."""
+    message = (
+        f"This request was in the engine at each of {crashes} engine crashes (the last time "
+        "alone) and is not run again: it appears to crash the model server."
+    )
+    body = error_body(message, status_code=500, code="request_crashed_engine")
+    return EngineResult(500, body)

@@ -24,8 +24,9 @@ from llmbatch import logs
 from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat, SlotSpec
 from llmbatch.core.slots import seats, slot_concurrency, start_order
-from llmbatch.executor.engines.base import Engine, EngineRequest, EngineResult
+from llmbatch.executor.engines.base import Engine
 from llmbatch.executor.runner import Outcome, ShardRunner
+from llmbatch.executor.sharedengine import BusyLedger, EngineGate, SharedEngine
 from llmbatch.storage.base import ObjectStore, StoreError
 from llmbatch.storage.slotchannel import LeaseFence, SlotChannel
 
@@ -93,88 +94,8 @@ class ChannelAssignments:
         return await asyncio.to_thread(self.channel.keep_requested)
 
     async def report(self, heartbeat: SlotHeartbeat) -> None:
+        heartbeat.unreadable = list(self.channel.unreadable)
         await asyncio.to_thread(self.channel.write_heartbeat, heartbeat)
-
-
-class BusyLedger:
-    """The slot's busy time and each shard's share of it.
-
-    Busy means at least one request is in the engine. While ``n`` requests are in it, each
-    accrues ``1/n`` of the time to its shard, so the shares add up to the busy time exactly:
-    GPU-time billing charges a batch its shards' shares, never a warm slot's idle time.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.busy = 0.0
-        self._in_engine: dict[str, int] = {}
-        self._shares: dict[str, float] = {}
-        self._last = clock()
-
-    def _settle(self) -> None:
-        now = self.clock()
-        elapsed, self._last = now - self._last, now
-        total = sum(self._in_engine.values())
-        if total:
-            self.busy += elapsed
-            for key, count in self._in_engine.items():
-                self._shares[key] = self._shares.get(key, 0.0) + elapsed * count / total
-
-    def enter(self, key: str) -> None:
-        self._settle()
-        self._in_engine[key] = self._in_engine.get(key, 0) + 1
-
-    def leave(self, key: str) -> None:
-        self._settle()
-        self._in_engine[key] -= 1
-        if not self._in_engine[key]:
-            del self._in_engine[key]
-
-    def share(self, key: str) -> float:
-        self._settle()
-        return self._shares.get(key, 0.0)
-
-    def busy_seconds(self) -> float:
-        self._settle()
-        return self.busy
-
-    def in_engine(self) -> int:
-        return sum(self._in_engine.values())
-
-
-class LedgerEngine(Engine):
-    """The slot's engine as one shard sees it: its requests timed in the shared ledger, and
-    held back until ``on_record`` is set (a heartbeat has reported the run started)."""
-
-    def __init__(
-        self, engine: Engine, ledger: BusyLedger, key: str, on_record: asyncio.Event
-    ) -> None:
-        self.inner = engine
-        self.ledger = ledger
-        self.key = key
-        self.on_record = on_record
-        self.name = engine.name
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self.inner.max_num_seqs
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def handle(self, request: EngineRequest) -> EngineResult:
-        await self.on_record.wait()
-        self.ledger.enter(self.key)
-        try:
-            return await self.inner.handle(request)
-        finally:
-            self.ledger.leave(self.key)
-
-    def dead_reason(self) -> str | None:
-        return self.inner.dead_reason()
-
-    async def close(self) -> None:
-        return None  # the slot closes the shared engine
 
 
 @dataclass
@@ -185,7 +106,7 @@ class _Run:
     ledger_key: str
     on_record: asyncio.Event
     """Set once a heartbeat has reported the run started: its requests reach the engine only
-    then (:class:`LedgerEngine`)."""
+    then (:class:`~llmbatch.executor.sharedengine.SharedEngine`)."""
     revoked: bool = False
 
 
@@ -269,6 +190,7 @@ class Slot:
 
     def __post_init__(self) -> None:
         self.ledger = BusyLedger(self.clock)
+        self.gate = EngineGate()
         self.ready_at_wall = self.wall()  # the slot is built once its engine is loaded
         self.started_at = self.process_started_at or self.ready_at_wall
         self.ready_at = self.clock()
@@ -363,14 +285,35 @@ class Slot:
 
     def _launch(self, key: str, assignment: Assignment) -> None:
         spec = assignment.shard
-        store, input_store = self.open_stores(spec)
+        try:
+            store, input_store = self.open_stores(spec)
+        except (ValueError, StoreError) as exc:  # this shard's store only: the slot goes on
+            log.error("slot %s: shard %s has no usable store: %s", self.settings.name, key, exc)
+            self.reports[key] = ShardReport(
+                key=key,
+                generation=assignment.generation,
+                state="store_failed",
+                message=f"store failed: {exc}"[:1024],
+            )
+            self._last_heartbeat = -float("inf")
+            return
         fence = None
         if assignment.lease_key is not None:
-            fence = LeaseFence(store, assignment.lease_key, assignment.generation)
+            fence = LeaseFence(
+                store, assignment.lease_key, assignment.generation, self.settings.name
+            )
         ledger_key = f"{key}#{len(self.runners)}"  # one per run: a re-run starts from zero
         on_record = asyncio.Event()
-        engine = LedgerEngine(self.engine, self.ledger, ledger_key, on_record)
-        runner = ShardRunner(spec, engine, store, input_store, fence=fence)
+        engine = SharedEngine(self.engine, self.ledger, self.gate, ledger_key, on_record)
+        runner = ShardRunner(
+            spec,
+            engine,
+            store,
+            input_store,
+            fence=fence,
+            generation=assignment.generation,
+            in_engine=engine.inside,
+        )
         runner.results.busy_share = lambda: self.ledger.share(ledger_key)
         self.runners.append(runner)
         if self.on_runner is not None:
@@ -408,6 +351,8 @@ class Slot:
             failed=run.runner.stats.failed,
             busy_seconds=round(self.ledger.share(run.ledger_key), 3),
             message=run.runner.message if state != "running" else None,
+            counts_attempt=run.runner.counts_attempt,
+            crash_suspects=run.runner.crash_suspects,
         )
 
     def _engine_failed(self) -> bool:

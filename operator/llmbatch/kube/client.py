@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self, TypeVar
 
@@ -340,6 +341,24 @@ class KubeClient:
         """Post one core/v1 Event (``body`` as the API takes it)."""
         await self.call(self.core.create_namespaced_event, namespace, body)
 
+    async def post_event(
+        self,
+        involved: dict[str, str],
+        reason: str,
+        message: str,
+        *,
+        warning: bool,
+        component: str,
+    ) -> bool:
+        """An Event on one object (``involved``: apiVersion, kind, namespace, name, uid) outside
+        kopf's handlers; False when it could not be posted (an Event is never worth a retry)."""
+        body = event_body(involved, reason, message, warning=warning, component=component)
+        try:
+            await self.create_event(involved["namespace"], body)
+        except ApiException:
+            return False
+        return True
+
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One Secret as the API sends it (``data`` in base64), or None when it does not exist."""
         try:
@@ -397,3 +416,23 @@ class KubeClient:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+
+
+def event_body(
+    involved: dict[str, str], reason: str, message: str, *, warning: bool, component: str
+) -> dict[str, Any]:
+    """A core/v1 Event about ``involved``, as :meth:`KubeClient.post_event` posts it."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "metadata": {"generateName": f"{component}-", "namespace": involved["namespace"]},
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": component,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -15,6 +15,12 @@ custom_ids they hold and skips those requests: nothing is done twice, nothing is
 Two executors running the same shard at once (a replaced pod still terminating) are safe too:
 when a chunk name is taken, the writer reads every chunk it has not seen, drops the results the
 other one already committed, and takes the next free number.
+
+Under a lease every write is fenced (:class:`Fence`): a chunk or the progress record is written
+only while the lease is still this run's, and the progress record is replaced only by a
+compare-and-swap that refuses a record of a newer run — so a run that was paused while its
+shard moved to another slot can never overwrite the new holder's progress. ``suspects.json``
+holds the requests that were in the engine when it crashed (see :meth:`ShardResults.record_crash`).
 """
 
 from __future__ import annotations
@@ -25,20 +31,30 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmbatch.core.billing import TokenUsage, token_usage
-from llmbatch.storage.base import ObjectExists, ObjectStore, StoreError
+from llmbatch.storage.base import (
+    ObjectChanged,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    Versioned,
+)
 
 log = logging.getLogger(__name__)
 
 ChunkKind = Literal["output", "errors"]
 _KINDS: tuple[ChunkKind, ...] = ("output", "errors")
 PROGRESS_NAME = "progress.json"
+SUSPECTS_NAME = "suspects.json"
 PROGRESS_VERSION = 1
+#: Tries of one guarded progress write that lose a race to another writer before it gives up.
+_PROGRESS_RACES = 8
 _CHUNK_NAME = re.compile(r"^(output|errors)-(\d{5,})(?:-[0-9a-f]{8,32})?\.jsonl$")
 
 
@@ -113,6 +129,11 @@ class Progress(BaseModel):
         description="The shard's share of its slots' busy time, over all its runs: while n "
         "requests are in an engine each accrues 1/n of the time (GPU-time billing).",
     )
+    generation: int = Field(
+        default=0,
+        description="The lease generation of the run that wrote this record: a run of an "
+        "older generation never replaces it.",
+    )
 
 
 @dataclass
@@ -164,6 +185,18 @@ class _Pending:
     lines: list[ResultLine] = field(default_factory=list)
 
 
+class Fence(Protocol):
+    """Whether the run may still write its shard (``storage.slotchannel.LeaseFence``)."""
+
+    def lost(self) -> str | None:
+        """None while the run holds its shard; else why not."""
+        ...
+
+
+class Fenced(Exception):
+    """The shard is no longer this run's: nothing more may be written (not a store failure)."""
+
+
 class CommitFailed(StoreError):
     """A chunk write failed; ``unwritten`` holds every line not committed (give it back with
     :meth:`ShardResults.restore`: a failed write never drops a result)."""
@@ -181,34 +214,90 @@ class ShardResults:
     under one lock. ``add`` is cheap and may be called from the event loop at any time.
     """
 
-    def __init__(self, store: ObjectStore, prefix: str, *, batch_id: str, shard_index: int) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        *,
+        batch_id: str,
+        shard_index: int,
+        fence: Fence | None = None,
+        generation: int = 0,
+    ) -> None:
         self.store = store
         self.prefix = prefix.rstrip("/")
-        self.progress = Progress(batch_id=batch_id, shard_index=shard_index)
+        self.fence = fence
+        self.progress = Progress(batch_id=batch_id, shard_index=shard_index, generation=generation)
         self.done_ids: set[str] = set()
+        self.suspects: dict[str, int] = {}
+        """custom_id -> engine crashes it was in flight at (read at :meth:`recover`)."""
         self._known: dict[str, ChunkRecord] = {}
         self._next_seq: dict[ChunkKind, int] = {"output": 0, "errors": 0}
         self._pending: dict[ChunkKind, _Pending] = {"output": _Pending(), "errors": _Pending()}
-        #: On a store whose create-if-absent is not atomic (S3 without conditional writes), two
-        #: executors could both "create" one chunk key and the later put would replace the
-        #: earlier chunk. Each writer then names its chunks with its own random token, so no put
-        #: can replace another writer's chunk; duplicates across writers are dropped by custom_id
-        #: when chunks are scanned and merged.
-        self.writer: str | None = None if store.atomic_if_absent() else uuid.uuid4().hex[:16]
+        self._writer: str | None = None
+        self._writer_known = False
         #: This run's share of its slot's busy time so far (set by the runner on a slot).
         self.busy_share: Callable[[], float] | None = None
         self._busy_before = 0.0
 
+    @property
+    def writer(self) -> str | None:
+        """None, or this writer's own chunk-name token on a store whose create-if-absent is not
+        atomic (S3 without conditional writes): two executors could both "create" one chunk key
+        and the later put would replace the earlier chunk, so each writer names its chunks with
+        its own random token and duplicates across writers are dropped by custom_id when chunks
+        are scanned and merged. Asked of the store on first use (S3 probes it: a store call,
+        made in the run's threads, never while the run is built)."""
+        if not self._writer_known:
+            self._writer = None if self.store.atomic_if_absent() else uuid.uuid4().hex[:16]
+            self._writer_known = True
+        return self._writer
+
+    def check_fence(self) -> None:
+        """Raise :class:`Fenced` when the shard is no longer this run's."""
+        if self.fence is not None:
+            why = self.fence.lost()
+            if why is not None:
+                raise Fenced(why)
+
     # --- reading what is committed -------------------------------------------------------------
 
     def recover(self) -> None:
-        """Read every committed chunk and the previous progress record (call once at start)."""
+        """Read every committed chunk, the previous progress record and the crash suspects
+        (call once at start)."""
         previous = self._read_progress()
         now = time.time()
         self.progress.started_at = previous.started_at if previous else now
         self.progress.attempts = previous.attempts + 1 if previous else 1
         self._busy_before = previous.busy_seconds if previous else 0.0
+        self.suspects = self._read_suspects()
         self._scan()
+
+    def _read_suspects(self) -> dict[str, int]:
+        try:
+            raw = orjson.loads(self.store.get(f"{self.prefix}/{SUSPECTS_NAME}"))
+        except ObjectNotFound:
+            return {}
+        except orjson.JSONDecodeError:
+            log.warning("%s: unreadable %s ignored", self.prefix, SUSPECTS_NAME)
+            return {}
+        crashes = raw.get("crashes") if isinstance(raw, dict) else None
+        if not isinstance(crashes, dict):
+            return {}
+        return {str(k): int(v) for k, v in crashes.items() if isinstance(v, int)}
+
+    def record_crash(self, custom_ids: set[str]) -> None:
+        """Count one engine crash against every request that was in the engine then and has no
+        result: the next run sends a suspect alone, and gives up on one that was in flight at
+        too many crashes (fenced like every write)."""
+        fresh = custom_ids - self.done_ids
+        if not fresh:
+            return
+        for custom_id in fresh:
+            self.suspects[custom_id] = self.suspects.get(custom_id, 0) + 1
+        self.check_fence()
+        body = orjson.dumps({"version": 1, "crashes": self.suspects})
+        self.store.put(f"{self.prefix}/{SUSPECTS_NAME}", body)
 
     def _read_progress(self) -> Progress | None:
         key = f"{self.prefix}/{PROGRESS_NAME}"
@@ -288,6 +377,10 @@ class ShardResults:
             while lines:
                 try:
                     lines = self._write_chunk(kind, lines, batch)
+                except Fenced:
+                    if wrote:
+                        self._recount()
+                    raise
                 except Exception as exc:
                     # A write that failed may still have landed (a timeout after the server
                     # stored it): the retry then finds the number taken and adopts the chunk.
@@ -313,6 +406,7 @@ class ShardResults:
         seq = self._next_seq[kind]
         key = chunk_key(self.prefix, kind, seq, self.writer)
         data = b"".join(line.data for line in lines)
+        self.check_fence()  # before every chunk, a retry after a taken name included
         try:
             info = self.store.put(key, data, if_absent=True)
         except ObjectExists:
@@ -329,12 +423,46 @@ class ShardResults:
         return None
 
     def write_progress(self, **changes: Any) -> None:
+        """Rewrite the progress record; under a fence, only while the shard is this run's and
+        never over a record written by a newer run (:class:`Fenced` then)."""
         for name, value in changes.items():
             setattr(self.progress, name, value)
         if self.busy_share is not None:
             self.progress.busy_seconds = round(self._busy_before + self.busy_share(), 3)
         self.progress.updated_at = time.time()
-        self.store.put(f"{self.prefix}/{PROGRESS_NAME}", self.progress.model_dump_json().encode())
+        key = f"{self.prefix}/{PROGRESS_NAME}"
+        body = self.progress.model_dump_json().encode()
+        if self.fence is None:
+            self.store.put(key, body)
+            return
+        self.check_fence()
+        for _ in range(_PROGRESS_RACES):
+            try:
+                current: Versioned | None = self.store.get_versioned(key)
+            except ObjectNotFound:
+                current = None
+            if current is not None:
+                newer = _generation(current.data)
+                if newer > self.progress.generation:
+                    raise Fenced(f"progress of generation {newer} is newer than ours")
+            try:
+                if current is None:
+                    self.store.put(key, body, if_absent=True)
+                else:
+                    self.store.put_if_match(key, body, current.version)
+            except (ObjectExists, ObjectChanged):
+                continue
+            return
+        raise StoreError(f"{key}: {_PROGRESS_RACES} writes in a row lost a race")
+
+
+def _generation(data: bytes) -> int:
+    """The run generation of a stored progress record (0 when unreadable or older)."""
+    try:
+        value = orjson.loads(data).get("generation", 0)
+    except (orjson.JSONDecodeError, AttributeError):
+        return 0
+    return value if isinstance(value, int) else 0
 
 
 def read_progress(store: ObjectStore, prefix: str) -> Progress | None:

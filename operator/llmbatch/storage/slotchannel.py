@@ -9,15 +9,20 @@ compare-and-swap on the version it was read at (:func:`update_lease`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
-from llmbatch.api.slot import OPEN_LEASE_STATES, Assignment, ShardLease, SlotHeartbeat
+from llmbatch.api.slot import Assignment, ShardLease, ShardReport, SlotHeartbeat
 from llmbatch.core import keys
+from llmbatch.core.leases import LeaseEvent, transition
 from llmbatch.storage.base import (
     ObjectChanged,
     ObjectExists,
@@ -37,6 +42,8 @@ class SlotChannel:
     def __init__(self, store: ObjectStore, prefix: str) -> None:
         self.store = store
         self.prefix = prefix.rstrip("/")
+        self.unreadable: list[str] = []
+        """Assignments the last :meth:`assignments` could not parse (the slot reports them)."""
 
     # --- operator side ---------------------------------------------------------------------------
 
@@ -63,14 +70,14 @@ class SlotChannel:
 
     def heartbeat(self) -> SlotHeartbeat | None:
         """The slot's last heartbeat, or None before its first (or when unreadable)."""
+        return self.read_heartbeat().heartbeat
+
+    def read_heartbeat(self) -> HeartbeatReading:
+        """The slot's last heartbeat as the operator reads it (see :class:`HeartbeatReading`)."""
         raw = self._get(keys.slot_heartbeat_key(self.prefix))
         if raw is None:
-            return None
-        try:
-            return SlotHeartbeat.model_validate_json(raw)
-        except ValidationError as exc:
-            log.warning("slot %s: unreadable heartbeat: %s", self.prefix, exc)
-            return None
+            return HeartbeatReading(None, None)
+        return parse_heartbeat(raw)
 
     def clear(self) -> None:
         """Remove the whole channel (the slot is gone)."""
@@ -79,8 +86,10 @@ class SlotChannel:
     # --- slot side -------------------------------------------------------------------------------
 
     def assignments(self) -> dict[str, Assignment]:
-        """The shards currently assigned, by assignment key; an unreadable one is skipped."""
+        """The shards currently assigned, by assignment key; an unreadable one is skipped (and
+        named in :attr:`unreadable` until the next call)."""
         found: dict[str, Assignment] = {}
+        unreadable: list[str] = []
         for info in self.store.list(keys.slot_assignments_prefix(self.prefix)):
             raw = self._get(info.key)
             if raw is None:
@@ -89,8 +98,10 @@ class SlotChannel:
                 assignment = Assignment.model_validate_json(raw)
             except ValidationError as exc:
                 log.error("slot %s: unreadable assignment %s: %s", self.prefix, info.key, exc)
+                unreadable.append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
                 continue
             found[assignment.key] = assignment
+        self.unreadable = unreadable
         return found
 
     def drain_requested(self) -> bool:
@@ -107,6 +118,49 @@ class SlotChannel:
             return self.store.get(key)
         except ObjectNotFound:
             return None
+
+
+@dataclass(frozen=True)
+class HeartbeatReading:
+    """A heartbeat as read: the message, a stamp that changes with every write (liveness even
+    when the message cannot be parsed), and what could not be read."""
+
+    heartbeat: SlotHeartbeat | None
+    stamp: str | None
+    problem: str | None = None
+
+
+def parse_heartbeat(raw: bytes) -> HeartbeatReading:
+    """A heartbeat, tolerating a peer of another version: unknown fields are ignored (the
+    models' rule), and a shard report this side cannot read is dropped, not the heartbeat."""
+    stamp = hashlib.sha256(raw).hexdigest()[:16]
+    try:
+        return HeartbeatReading(SlotHeartbeat.model_validate_json(raw), stamp)
+    except ValidationError as exc:
+        first = _first_error(exc)
+    try:
+        value: Any = orjson.loads(raw)
+        shards = value.get("shards") or []
+        readable = [s for s in shards if _readable_report(s)]
+        beat = SlotHeartbeat.model_validate({**value, "shards": readable})
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValidationError):
+        return HeartbeatReading(None, stamp, f"unreadable heartbeat: {first}")
+    dropped = len(shards) - len(readable)
+    return HeartbeatReading(beat, stamp, f"{dropped} unreadable shard reports: {first}")
+
+
+def _readable_report(value: Any) -> bool:
+    try:
+        ShardReport.model_validate(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    return f"{where}: {error.get('msg')}" if where else str(error.get("msg"))
 
 
 def read_lease(store: ObjectStore, lease_key: str) -> ShardLease | None:
@@ -162,57 +216,48 @@ def grant_lease(store: ObjectStore, lease_key: str, slot: str, now: float) -> Sh
     """Give the shard to ``slot`` under the next generation, which fences any earlier holder's
     later commits out. None when the shard may not run again (done, failed, or fenced by its
     batch's finalisation, which may have happened after the caller looked)."""
-
-    def grant(previous: ShardLease | None) -> ShardLease | None:
-        if previous is not None and previous.state not in OPEN_LEASE_STATES:
-            return None
-        base = previous or ShardLease(generation=0, state="released")
-        return base.model_copy(
-            update={
-                "generation": base.generation + 1,
-                "slot": slot,
-                "granted_at": now,
-                "state": "granted",
-            }
-        )
-
-    return update_lease(store, lease_key, grant)
+    return update_lease(
+        store, lease_key, lambda lease: transition(lease, LeaseEvent.GRANT, slot=slot, now=now)
+    )
 
 
 def fence_lease(store: ObjectStore, lease_key: str) -> ShardLease | None:
     """Close a shard's lease for its batch's finalisation: a new generation held by nobody, so
-    a straggler's commit is refused, and the state ``fenced``, so no grant follows."""
-
-    def fence(lease: ShardLease | None) -> ShardLease | None:
-        if lease is None:  # never placed: a fenced lease keeps a late grant from placing it
-            return ShardLease(generation=1, slot="", state="fenced")
-        if lease.state not in OPEN_LEASE_STATES:
-            return None
-        return lease.model_copy(
-            update={"generation": lease.generation + 1, "slot": "", "state": "fenced"}
-        )
-
-    return update_lease(store, lease_key, fence)
+    a straggler's commit is refused, and the state ``fenced``, so no grant follows (a shard
+    never placed gets a fenced lease too, which keeps a late grant from placing it)."""
+    return update_lease(store, lease_key, lambda lease: transition(lease, LeaseEvent.FENCE))
 
 
 class LeaseFence:
-    """The check a runner makes before each commit: is the shard's lease still ours?"""
+    """The check a runner makes before each write of its shard: is the lease still ours?
 
-    def __init__(self, store: ObjectStore, lease_key: str, generation: int) -> None:
+    Ours means granted, to this slot, at this generation. Every transition that takes a lease
+    from a slot raises its generation (a grant elsewhere, a release, a failure, done, a fence),
+    and a lease that is no longer ``granted`` fails the check too, so neither a given-up runner
+    nor one that was paused while its lease moved on passes it.
+    """
+
+    def __init__(self, store: ObjectStore, lease_key: str, generation: int, slot: str) -> None:
         self.store = store
         self.lease_key = lease_key
         self.generation = generation
+        self.slot = slot
 
     def lost(self) -> str | None:
-        """None while the lease holds; else why it is lost (a newer generation or no lease)."""
-        lease = read_lease(self.store, self.lease_key)
+        """None while the lease holds; else why it is lost."""
+        try:
+            lease = read_lease(self.store, self.lease_key)
+        except ValidationError as exc:
+            return f"lease {self.lease_key} is unreadable: {exc.errors()[0].get('msg')}"
         if lease is None:
             return f"lease {self.lease_key} is gone"
         if lease.generation != self.generation:
             return (
-                f"lease generation {lease.generation} (slot {lease.slot}) replaced ours "
-                f"({self.generation})"
+                f"lease generation {lease.generation} (slot {lease.slot or 'none'}) replaced "
+                f"ours ({self.generation})"
             )
+        if lease.state != "granted" or lease.slot != self.slot:
+            return f"lease is {lease.state} (slot {lease.slot or 'none'}), no longer ours"
         return None
 
 

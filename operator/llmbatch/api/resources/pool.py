@@ -91,7 +91,8 @@ class ExecutorSpec(CRModel):
     flush_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
     """...or this many seconds, whichever comes first (progress moves with the chunks)."""
     backoff_limit: Annotated[int, Field(ge=0, le=20)] = 3
-    """Failed attempts (not counting preemptions) before a shard is given up."""
+    """Failed runs of a shard (not counting preemptions, or engine crashes laid at its
+    requests) before it is given up; a shard under which two slots failed is given up too."""
     termination_grace_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
     """Time a slot pod gets to flush after SIGTERM."""
     service_account_name: DNSName | None = None

@@ -15,7 +15,7 @@ from llmbatch.controller.batches.deps import PhaseDeps
 from llmbatch.controller.batches.step import BatchView, Step, set_condition, transition
 from llmbatch.controller.jobs import engine_args
 from llmbatch.core import keys
-from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.ids import batch_id_from_name, tenant_cache_salt
 from llmbatch.core.tiers import tier_of
 from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import read_lease
@@ -110,6 +110,7 @@ class ShardRuns(PhaseDeps):
             shard_index=shard.index,
             endpoint=batch.spec.endpoint,
             tier=tier_of(batch.spec.priority, batch.spec.metadata),
+            cache_salt=tenant_cache_salt(batch.namespace),
             store=self.config.executor_store_uri,
             input_key=batch.status.input_key or "",
             start=shard.start,

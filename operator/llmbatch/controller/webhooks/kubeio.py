@@ -116,32 +116,18 @@ class WebhookIO:
     async def event(self, batch: dict[str, Any], reason: str, message: str, warning: bool) -> None:
         """An Event on the Batch (failures are logged: an Event is never worth a retry)."""
         meta = batch["metadata"]
-        stamp = lifecycle.rfc3339(time.time())
-        body = {
-            "metadata": {"generateName": "llmbatch-webhook-", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": "Batch",
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": COMPONENT,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
+        involved = {
+            "apiVersion": API_VERSION,
+            "kind": "Batch",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
         }
-        try:
-            await self.kube.create_event(meta["namespace"], body)
-        except ApiException as exc:
-            log.warning(
-                "event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc
-            )
+        posted = await self.kube.post_event(
+            involved, reason, message, warning=warning, component=COMPONENT
+        )
+        if not posted:
+            log.warning("event %s on %s/%s not posted", reason, meta["namespace"], meta["name"])
 
     async def record_attempt(
         self, namespace: str, name: str, delivery: Delivery, outcome: str, error: str | None

@@ -23,7 +23,7 @@ from llmbatch.core.validation.limits import (
     ValidationLimits,
     normalize_endpoint,
 )
-from llmbatch.core.validation.lines import UTF8_BOM, iter_lines
+from llmbatch.core.validation.lines import UTF8_BOM, LineSplitter, iter_lines
 from llmbatch.core.validation.request import check_request
 from llmbatch.core.validation.shards import ShardRange
 from llmbatch.core.validation.stream import LineValidator, ValidationResult, validate_stream
@@ -36,6 +36,7 @@ __all__ = [
     "UTF8_BOM",
     "ErrorCode",
     "InvalidLine",
+    "LineSplitter",
     "LineValidator",
     "ShardRange",
     "UnsupportedEndpoint",

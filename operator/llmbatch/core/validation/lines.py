@@ -9,27 +9,54 @@ WHITESPACE = frozenset(b" \t\r\n\x0b\x0c")
 """The bytes ``bytes.strip()`` removes: a line starting with none of them is not blank."""
 
 
-def iter_lines(chunks: Iterable[bytes], first_line: int = 1) -> Iterator[tuple[int, bytes]]:
-    """Split a byte stream into ``(line_number, line)`` pairs without newline, CR or BOM.
+class LineSplitter:
+    """One line in, one line out: a byte stream cut into ``(line_number, line)`` pairs.
 
-    Blank lines are skipped (their numbers still count). Used by the executor on a shard range.
+    Newline-terminated lines (the last one may lack its newline), without the newline, a
+    trailing CR or the BOM of line 1; blank lines are skipped, their numbers still count.
+    ``consumed`` is the bytes of the complete lines seen so far, so a reader that loses its
+    stream can open it again right after the last complete line (and a new splitter starting
+    at line ``number + 1``).
     """
-    number = first_line - 1
-    pending = b""
-    for chunk in chunks:
-        buffer = pending + chunk if pending else chunk
+
+    def __init__(self, first_line: int = 1) -> None:
+        self.number = first_line - 1
+        """The number of the last complete line."""
+        self.consumed = 0
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> list[tuple[int, bytes]]:
+        """The non-blank lines completed by ``chunk``."""
+        buffer = self._pending + chunk if self._pending else chunk
         parts = buffer.split(b"\n")
-        pending = parts.pop()
+        self._pending = parts.pop()
+        found = []
         for raw in parts:
-            number += 1
-            text = _clean(raw, number)
+            self.number += 1
+            self.consumed += len(raw) + 1
+            text = _clean(raw, self.number)
             if text:
-                yield number, text
-    if pending:
-        number += 1
-        text = _clean(pending, number)
-        if text:
-            yield number, text
+                found.append((self.number, text))
+        return found
+
+    def finish(self) -> list[tuple[int, bytes]]:
+        """The last line when the stream does not end with a newline."""
+        if not self._pending:
+            return []
+        raw, self._pending = self._pending, b""
+        self.number += 1
+        self.consumed += len(raw)
+        text = _clean(raw, self.number)
+        return [(self.number, text)] if text else []
+
+
+def iter_lines(chunks: Iterable[bytes], first_line: int = 1) -> Iterator[tuple[int, bytes]]:
+    """The ``(line_number, line)`` pairs of a byte stream (:class:`LineSplitter`): the
+    executor's shard range, the operator's merge and re-validation of an input."""
+    splitter = LineSplitter(first_line)
+    for chunk in chunks:
+        yield from splitter.feed(chunk)
+    yield from splitter.finish()
 
 
 def _clean(raw: bytes, number: int) -> bytes:

@@ -25,6 +25,9 @@ class EngineRequest:
     request_id: str
     priority: int = 0
     """Engine scheduling priority, lower first (vLLM's convention): the shard's tier rank."""
+    isolated: bool = False
+    """Send it with nothing else in the engine: it was in the engine when the engine crashed
+    before, so a second crash can be laid at its door alone (``executor.slot.EngineGate``)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import heapq
 import itertools
 import random
 import re
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -80,6 +81,11 @@ class SimulatedArgs(BaseModel):
     die_after: int | None = Field(
         default=None, ge=0, description="The engine dies after answering this many requests."
     )
+    crash_pattern: str | None = Field(
+        default=None,
+        description="A request whose custom_id matches this regex crashes the engine (a poison "
+        "request): after latency_seconds the engine dies, and every request in it then fails.",
+    )
     hang_after: int | None = Field(
         default=None, ge=0, description="Requests after this many never get an answer."
     )
@@ -130,11 +136,14 @@ class SimulatedEngine(Engine):
         try:
             self.args = SimulatedArgs.model_validate(args)
             self._fail_re = re.compile(self.args.fail_pattern) if self.args.fail_pattern else None
+            crash = self.args.crash_pattern
+            self._crash_re = re.compile(crash) if crash else None
         except (ValueError, re.error) as exc:
             raise EngineConfigError(f"simulated engine args: {exc}") from exc
         self.served_names = served_names
         self.answered = 0
         self._dead: str | None = None
+        self._death = asyncio.Event()
         self._hang = asyncio.Event()
         self._seats: dict[int, _Seat] = {}  # the running batch, by arrival
         self._queue: list[tuple[int, int, asyncio.Future[_Seat]]] = []
@@ -167,6 +176,10 @@ class SimulatedEngine(Engine):
             raise EngineDead(self._dead)
         if a.hang_after is not None and self.answered >= a.hang_after:
             await self._hang.wait()  # never set: a hung engine
+        if self._crash_re is not None and self._crash_re.search(request.custom_id):
+            await self._unless_dead(asyncio.sleep(a.latency_seconds))
+            self._die(f"simulated engine crash on request {request.custom_id}")
+            raise EngineDead(self._dead)
         body = request.body
         model = body.get("model")
         if model not in self.served_names:
@@ -186,11 +199,31 @@ class SimulatedEngine(Engine):
             if a.tokens_per_second:
                 seconds += token_usage(result.body).output_tokens / a.tokens_per_second
             if seconds:
-                await self._run_for(seconds, request.priority)
+                await self._unless_dead(self._run_for(seconds, request.priority))
         self.answered += 1
         if a.die_after is not None and self.answered >= a.die_after:
-            self._dead = f"simulated engine death after {self.answered} requests"
+            self._die(f"simulated engine death after {self.answered} requests")
         return result
+
+    def _die(self, reason: str) -> None:
+        if self._dead is None:
+            self._dead = reason
+            self._death.set()
+
+    async def _unless_dead(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` unless the engine dies first: then the request fails with it."""
+        task = asyncio.ensure_future(work)
+        death = asyncio.ensure_future(self._death.wait())
+        try:
+            await asyncio.wait({task, death}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            death.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():  # the engine died under it
+            raise EngineDead(self._dead or "engine dead")
+        task.result()
 
     async def _run_for(self, seconds: float, priority: int) -> None:
         """Hold a place in the running batch for ``seconds`` of running time. Under the priority

@@ -1,0 +1,157 @@
+"""A slot's one engine as the shards on it share it: who is inside, busy time, isolation.
+
+Several shards — often several tenants' — run on one engine at once. Each sees it through a
+:class:`SharedEngine`: its requests are timed in the slot's :class:`BusyLedger` (GPU-time
+billing), counted as inside while the engine has them (what an engine crash is laid at), and
+pass the slot's :class:`EngineGate`, which lets a request that was inside at an earlier crash
+in only when nothing else is, so a second crash is laid at its door alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from llmbatch.executor.engines.base import Engine, EngineDead, EngineRequest, EngineResult
+
+
+class BusyLedger:
+    """The slot's busy time and each shard's share of it.
+
+    Busy means at least one request is in the engine. While ``n`` requests are in it, each
+    accrues ``1/n`` of the time to its shard, so the shares add up to the busy time exactly:
+    GPU-time billing charges a batch its shards' shares, never a warm slot's idle time.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.busy = 0.0
+        self._in_engine: dict[str, int] = {}
+        self._shares: dict[str, float] = {}
+        self._last = clock()
+
+    def _settle(self) -> None:
+        now = self.clock()
+        elapsed, self._last = now - self._last, now
+        total = sum(self._in_engine.values())
+        if total:
+            self.busy += elapsed
+            for key, count in self._in_engine.items():
+                self._shares[key] = self._shares.get(key, 0.0) + elapsed * count / total
+
+    def enter(self, key: str) -> None:
+        self._settle()
+        self._in_engine[key] = self._in_engine.get(key, 0) + 1
+
+    def leave(self, key: str) -> None:
+        self._settle()
+        self._in_engine[key] -= 1
+        if not self._in_engine[key]:
+            del self._in_engine[key]
+
+    def share(self, key: str) -> float:
+        self._settle()
+        return self._shares.get(key, 0.0)
+
+    def busy_seconds(self) -> float:
+        self._settle()
+        return self.busy
+
+    def in_engine(self) -> int:
+        return sum(self._in_engine.values())
+
+
+class EngineGate:
+    """Requests enter the engine together, but an isolated one alone: it waits until the
+    engine is empty, and while it waits or runs nothing else enters (so the engine empties)."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._inside = 0
+        self._alone = False
+        self._waiting_alone = 0
+
+    @contextlib.asynccontextmanager
+    async def enter(self, alone: bool) -> AsyncIterator[None]:
+        async with self._cond:
+            if alone:
+                self._waiting_alone += 1
+                try:
+                    await self._cond.wait_for(lambda: self._inside == 0 and not self._alone)
+                finally:
+                    self._waiting_alone -= 1
+                self._alone = True
+            else:
+                await self._cond.wait_for(lambda: not self._alone and not self._waiting_alone)
+            self._inside += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._inside -= 1
+                if alone:
+                    self._alone = False
+                self._cond.notify_all()
+
+
+class SharedEngine(Engine):
+    """The slot's engine as one shard run sees it.
+
+    Its requests are held back until ``on_record`` is set (a heartbeat has reported the run
+    started), pass the slot's gate, and are timed in the shared ledger while inside.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        ledger: BusyLedger,
+        gate: EngineGate,
+        key: str,
+        on_record: asyncio.Event,
+    ) -> None:
+        self.inner = engine
+        self.ledger = ledger
+        self.gate = gate
+        self.key = key
+        self.on_record = on_record
+        self.name = engine.name
+        self._inside: set[str] = set()
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.inner.max_num_seqs
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def handle(self, request: EngineRequest) -> EngineResult:
+        await self.on_record.wait()
+        async with self.gate.enter(alone=request.isolated):
+            dead = self.inner.dead_reason()
+            if dead is not None:  # it died while this one waited: it was never inside
+                raise EngineDead(dead)
+            self.ledger.enter(self.key)
+            self._inside.add(request.custom_id)
+            try:
+                result = await self.inner.handle(request)
+            except BaseException:
+                if self.inner.dead_reason() is None:
+                    self._inside.discard(request.custom_id)
+                raise  # in the engine when it died: still counted inside (a suspect)
+            finally:
+                self.ledger.leave(self.key)
+            self._inside.discard(request.custom_id)
+            return result
+
+    def inside(self) -> set[str]:
+        """The custom_ids of this run in the engine now (not those waiting at the gate), and
+        those that were in it when it died."""
+        return set(self._inside)
+
+    def dead_reason(self) -> str | None:
+        return self.inner.dead_reason()
+
+    async def close(self) -> None:
+        return None  # the slot closes the shared engine

@@ -1,0 +1,206 @@
+"""Blast radius on a shared slot (#31): two tenants' batches run on the one slot of a pool, a
+fault is injected into one of them only — store errors on its keys, its lease stolen, one of
+its requests crashing the engine — and the other tenant's batch must complete with exact lines
+and **no attempt counted** (its shards' ``reruns`` stay 0), every time.
+
+``LLMBATCH_BLAST_ITERATIONS`` (default 3, as ``make test`` runs it; ``make soak`` runs more)
+and ``LLMBATCH_BLAST_SEED`` (default: random, printed) choose the run; a failure prints the
+seed and iteration that replay it. Each iteration prints a ``blast-radius`` line with the
+attempts charged to the bystander (the figure docs/reliability.md reports; target 0).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import orjson
+import pytest
+
+from llmbatch.api.slot import ShardLease
+from llmbatch.core import keys
+from llmbatch.storage import open_store
+from tests.faults.conftest import GATEWAY_NAMESPACE, FaultStack, tenant
+from tests.faults.invariants import TERMINAL, check_batch, lines
+from tests.fixtures.cluster import kubectl
+from tests.fixtures.gateway import wait_for_key
+from tests.fixtures.operator import WORKER_NAMESPACE, simulated_pool
+
+ITERATIONS = int(os.environ.get("LLMBATCH_BLAST_ITERATIONS", "3"))
+SEED = int(os.environ.get("LLMBATCH_BLAST_SEED") or random.SystemRandom().randrange(1 << 30))
+POOL = "faults-shared"
+MODEL = "shared-model"
+POISON = "poison-"
+BATCH_TIMEOUT = 240.0
+FAULTS = ("store-errors", "lease-stolen", "poison-request")
+
+
+@pytest.fixture(scope="module")
+def shared(fault_stack: FaultStack) -> Iterator[tuple[FaultStack, str, str]]:
+    """A pool of one slot that runs four shards at once, and a second tenant: (stack, the
+    bystander tenant's namespace, its key)."""
+    kubeconfig = pathlib.Path(fault_stack.kubeconfig)
+    pool = simulated_pool(
+        POOL,
+        MODEL,
+        worker_namespace=WORKER_NAMESPACE,
+        shardRequests=6,
+        maxSlots=1,
+        slotConcurrency=4,
+        executor={
+            "engineArgs": ["--latency-seconds=0.2", f"--crash-pattern=^{POISON}"],
+            "backoffLimit": 6,
+        },
+    )
+    kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(pool))
+    namespace, key = tenant(kubeconfig, GATEWAY_NAMESPACE)
+    wait_for_key(fault_stack.gateway.base_url, key, accepted=True, timeout=60)
+    yield fault_stack, namespace, key
+    kubectl(kubeconfig, "delete", "batchpool", POOL, "--wait=false", check=False)
+
+
+def _client(stack: FaultStack, key: str) -> openai.OpenAI:
+    return openai.OpenAI(api_key=key, base_url=stack.gateway.base_url + "/v1", max_retries=8)
+
+
+def _submit(client: openai.OpenAI, ids: list[str]) -> str:
+    rows = [
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": cid}]},
+        }
+        for cid in ids
+    ]
+    data = b"".join(orjson.dumps(row) + b"\n" for row in rows)
+    upload = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    return batch.id
+
+
+def _wait(client: openai.OpenAI, batch_id: str) -> Any:
+    deadline = time.monotonic() + BATCH_TIMEOUT
+    while True:
+        current = client.batches.retrieve(batch_id)
+        if current.status in TERMINAL or time.monotonic() > deadline:
+            return current
+        time.sleep(1)
+
+
+def _status(stack: FaultStack, namespace: str, batch_id: str) -> dict[str, Any]:
+    name = batch_id.replace("batch_", "batch-", 1)
+    batch = stack.get_json("batch", name, "-n", namespace)
+    return {"uid": batch["metadata"]["uid"], **(batch.get("status") or {})}
+
+
+def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    return lines(client.files.content(file_id).read()) if file_id else []
+
+
+def _steal_lease(stack: FaultStack, namespace: str, uid: str) -> bool:
+    """Grant the victim's first shard to a slot that does not exist, as an operator that took
+    its slot for lost would: its runner is fenced out and the shard is placed again."""
+    store = open_store(stack.s3.uri(stack.bucket))  # straight to the server, not through faults
+    key = keys.shard_lease_key(keys.shard_prefix(namespace, uid, 0))
+    try:
+        lease = ShardLease.model_validate_json(store.get(key))
+    except Exception:
+        return False
+    if lease.state != "granted":
+        return False
+    stolen = lease.model_copy(update={"generation": lease.generation + 1, "slot": "thief"})
+    store.put(key, stolen.model_dump_json().encode())
+    return True
+
+
+def _inject(stack: FaultStack, fault: str, namespace: str, uid: str) -> str:
+    if fault == "store-errors":  # every call on the victim's shard keys, for a while
+        rule = {
+            "status": 503,
+            "code": "SlowDown",
+            "methods": ["GET", "PUT", "POST", "HEAD"],
+            "key": rf"/work/{namespace}/{uid}/shards/",
+            "count": 40,
+            "probability": 1.0,
+        }
+        return f"{stack.store_faults([rule])} errors answered so far"
+    if fault == "lease-stolen":
+        return "stolen" if _steal_lease(stack, namespace, uid) else "no granted lease to steal"
+    return "a request of the victim crashes the engine"
+
+
+@pytest.mark.parametrize("iteration", range(ITERATIONS))
+def test_a_fault_of_one_tenant_costs_the_other_nothing(
+    shared: tuple[FaultStack, str, str], iteration: int
+) -> None:
+    stack, other_ns, other_key = shared
+    rng = random.Random(f"{SEED}/{iteration}")
+    fault = rng.choice(FAULTS)
+    victim, bystander = _client(stack, stack.key), _client(stack, other_key)
+    tag = uuid.uuid4().hex[:6]
+    victim_ids = [f"v{tag}-{i}" for i in range(rng.randint(6, 12))]
+    if fault == "poison-request":
+        victim_ids[rng.randrange(len(victim_ids))] = f"{POISON}{tag}"
+    bystander_ids = [f"b{tag}-{i}" for i in range(rng.randint(12, 24))]
+    started = time.monotonic()
+    by_batch = _submit(bystander, bystander_ids)
+    vic_batch = _submit(victim, victim_ids)
+    uid = _status(stack, stack.tenant, vic_batch)["uid"]
+    note = threading.Event()
+    result: list[str] = []
+
+    def inject() -> None:
+        time.sleep(rng.uniform(1.0, 3.0))  # both running on the one slot
+        result.append(_inject(stack, fault, stack.tenant, uid))
+        note.set()
+
+    injector = threading.Thread(target=inject)
+    injector.start()
+    try:
+        by_end = _wait(bystander, by_batch)
+        vic_end = _wait(victim, vic_batch)
+    finally:
+        injector.join(timeout=10)
+        stack.clear()
+    by_status = _status(stack, other_ns, by_batch)
+    found = check_batch(
+        input_ids=bystander_ids,
+        status=by_status,
+        output=_lines(bystander, by_end.output_file_id),
+        errors=_lines(bystander, by_end.error_file_id),
+    )
+    attempts = sum(int(s.get("reruns") or 0) for s in by_status.get("shards") or [])
+    if attempts:
+        found.append(f"{attempts} attempts charged to the bystander's shards")
+    vic_status = _status(stack, stack.tenant, vic_batch)
+    found += [  # the victim may lose requests to its fault, never a line
+        f"victim: {v}"
+        for v in check_batch(
+            input_ids=victim_ids,
+            status=vic_status,
+            output=_lines(victim, vic_end.output_file_id),
+            errors=_lines(victim, vic_end.error_file_id),
+            expect_all_completed=False,
+        )
+    ]
+    print(f"blast-radius seed={SEED} iteration={iteration} fault={fault} ({';'.join(result)}) "
+          f"bystander_attempts={attempts} victim={vic_status.get('status')} "
+          f"victim_reruns={sum(int(s.get('reruns') or 0) for s in vic_status.get('shards') or [])} "
+          f"seconds={time.monotonic() - started:.1f} violations={len(found)}")  # fmt: skip
+    assert not found, (
+        f"replay: LLMBATCH_BLAST_SEED={SEED} (iteration {iteration}, fault {fault}):\n"
+        + "\n".join(found)
+        + f"\noperator log tail:\n{stack.operator.logs()[-4000:]}"
+    )
