@@ -57,7 +57,13 @@ def shared(fault_stack: FaultStack) -> Iterator[tuple[FaultStack, str, str]]:
         maxSlots=1,
         slotConcurrency=4,
         executor={
-            "engineArgs": ["--latency-seconds=0.2", f"--crash-pattern=^{POISON}"],
+            # One request in the engine per shard at a time, half a second each: the batches run
+            # for seconds, side by side on the one slot, so every fault lands mid-run.
+            "engineArgs": [
+                "--latency-seconds=0.5",
+                "--max-num-seqs=1",
+                f"--crash-pattern=^{POISON}",
+            ],
             "backoffLimit": 6,
         },
     )
@@ -78,7 +84,11 @@ def _submit(client: openai.OpenAI, ids: list[str]) -> str:
             "custom_id": cid,
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": cid}]},
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": cid}],
+                "max_tokens": 8,
+            },
         }
         for cid in ids
     ]
@@ -109,19 +119,34 @@ def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     return lines(client.files.content(file_id).read()) if file_id else []
 
 
-def _steal_lease(stack: FaultStack, namespace: str, uid: str) -> bool:
-    """Grant the victim's first shard to a slot that does not exist, as an operator that took
-    its slot for lost would: its runner is fenced out and the shard is placed again."""
+def _lease(stack: FaultStack, namespace: str, uid: str) -> tuple[str, ShardLease | None]:
     store = open_store(stack.s3.uri(stack.bucket))  # straight to the server, not through faults
     key = keys.shard_lease_key(keys.shard_prefix(namespace, uid, 0))
     try:
-        lease = ShardLease.model_validate_json(store.get(key))
+        return key, ShardLease.model_validate_json(store.get(key))
     except Exception:
-        return False
-    if lease.state != "granted":
+        return key, None
+
+
+def _wait_running(stack: FaultStack, *batches: tuple[str, str]) -> bool:
+    """Wait until the first shard of every (namespace, uid) is granted to a slot."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        leases = [_lease(stack, namespace, uid)[1] for namespace, uid in batches]
+        if all(lease is not None and lease.state == "granted" for lease in leases):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _steal_lease(stack: FaultStack, namespace: str, uid: str) -> bool:
+    """Grant the victim's first shard to a slot that does not exist, as an operator that took
+    its slot for lost would: its runner is fenced out and the shard is placed again."""
+    key, lease = _lease(stack, namespace, uid)
+    if lease is None or lease.state != "granted":
         return False
     stolen = lease.model_copy(update={"generation": lease.generation + 1, "slot": "thief"})
-    store.put(key, stolen.model_dump_json().encode())
+    open_store(stack.s3.uri(stack.bucket)).put(key, stolen.model_dump_json().encode())
     return True
 
 
@@ -135,7 +160,8 @@ def _inject(stack: FaultStack, fault: str, namespace: str, uid: str) -> str:
             "count": 40,
             "probability": 1.0,
         }
-        return f"{stack.store_faults([rule])} errors answered so far"
+        stack.store_faults([rule])
+        return "armed"
     if fault == "lease-stolen":
         return "stolen" if _steal_lease(stack, namespace, uid) else "no granted lease to steal"
     return "a request of the victim crashes the engine"
@@ -155,16 +181,19 @@ def test_a_fault_of_one_tenant_costs_the_other_nothing(
         victim_ids[rng.randrange(len(victim_ids))] = f"{POISON}{tag}"
     bystander_ids = [f"b{tag}-{i}" for i in range(rng.randint(12, 24))]
     started = time.monotonic()
+    errors_before = stack.store_faults(None)
     by_batch = _submit(bystander, bystander_ids)
     vic_batch = _submit(victim, victim_ids)
     uid = _status(stack, stack.tenant, vic_batch)["uid"]
-    note = threading.Event()
+    by_uid = _status(stack, other_ns, by_batch)["uid"]
     result: list[str] = []
 
     def inject() -> None:
-        time.sleep(rng.uniform(1.0, 3.0))  # both running on the one slot
+        if not _wait_running(stack, (stack.tenant, uid), (other_ns, by_uid)):
+            result.append("the two batches were never running side by side")
+            return
+        time.sleep(rng.uniform(0.2, 1.0))
         result.append(_inject(stack, fault, stack.tenant, uid))
-        note.set()
 
     injector = threading.Thread(target=inject)
     injector.start()
@@ -173,6 +202,7 @@ def test_a_fault_of_one_tenant_costs_the_other_nothing(
         vic_end = _wait(victim, vic_batch)
     finally:
         injector.join(timeout=10)
+        s3_errors = stack.store_faults(None) - errors_before
         stack.clear()
     by_status = _status(stack, other_ns, by_batch)
     found = check_batch(
@@ -184,19 +214,27 @@ def test_a_fault_of_one_tenant_costs_the_other_nothing(
     attempts = sum(int(s.get("reruns") or 0) for s in by_status.get("shards") or [])
     if attempts:
         found.append(f"{attempts} attempts charged to the bystander's shards")
+    if not result or result[0] in ("no granted lease to steal",) or "never" in result[0]:
+        found.append(f"the fault did not land: {result}")
     vic_status = _status(stack, stack.tenant, vic_batch)
+    vic_errors = _lines(victim, vic_end.error_file_id)
+    if fault == "poison-request":
+        codes = [((e.get("response") or {}).get("body") or {}).get("error", {}).get("code")
+                 for e in vic_errors]  # fmt: skip
+        if codes != ["request_crashed_engine"]:
+            found.append(f"victim: the poison request alone should fail, got {codes}")
     found += [  # the victim may lose requests to its fault, never a line
         f"victim: {v}"
         for v in check_batch(
             input_ids=victim_ids,
             status=vic_status,
             output=_lines(victim, vic_end.output_file_id),
-            errors=_lines(victim, vic_end.error_file_id),
+            errors=vic_errors,
             expect_all_completed=False,
         )
     ]
     print(f"blast-radius seed={SEED} iteration={iteration} fault={fault} ({';'.join(result)}) "
-          f"bystander_attempts={attempts} victim={vic_status.get('status')} "
+          f"s3_errors={s3_errors} bystander_attempts={attempts} victim={vic_status.get('status')} "
           f"victim_reruns={sum(int(s.get('reruns') or 0) for s in vic_status.get('shards') or [])} "
           f"seconds={time.monotonic() - started:.1f} violations={len(found)}")  # fmt: skip
     assert not found, (

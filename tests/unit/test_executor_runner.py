@@ -330,3 +330,42 @@ def test_a_crashed_request_task_is_never_lost() -> None:
         asyncio.run(go())
     progress = read_progress(store, PREFIX)
     assert progress is None or not progress.done
+
+
+class SlowLostFence:
+    """A fence whose third check (the flush timer's commit) blocks until released, then says
+    the lease is lost: the run ends while that commit is still in its thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.calls = 0
+        self.release = threading.Event()
+
+    def lost(self) -> str | None:
+        self.calls += 1
+        if self.calls < 3:
+            return None
+        self.release.wait(10)
+        return "lease generation 2 (slot other) replaced ours (1)"
+
+
+def test_a_commit_fenced_out_while_the_run_ends_does_not_keep_the_run_open() -> None:
+    """Found by the blast-radius sweep (#31): the flush timer, cancelled as the run ended,
+    waited for its commit in flight; that commit found the lease lost, and the Fenced error
+    replaced the cancellation, so the timer swallowed it and looped for ever, and the run —
+    its shard, its slot seat — never ended."""
+    store = MemoryStore()
+    store.put("in.jsonl", _input([_request(i) for i in range(4)]))
+    spec = _spec(flush_lines=1000, flush_seconds=0.1, max_in_flight=2)
+    fence = SlowLostFence()
+
+    async def go() -> Outcome:
+        engine = SimulatedEngine({"latency_seconds": 0.3}, spec.served_names())
+        runner = ShardRunner(spec, engine, store, fence=fence, generation=1)
+        run = asyncio.ensure_future(runner.run())
+        await asyncio.sleep(1.0)  # the flush timer's commit is held in the fence; run ended
+        fence.release.set()
+        return await asyncio.wait_for(run, 5)
+
+    assert asyncio.run(go()) is Outcome.LEASE_LOST

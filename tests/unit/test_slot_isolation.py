@@ -329,3 +329,30 @@ def test_a_tenants_salt_replaces_any_salt_a_request_line_brings(tmp_path: Path) 
         {"custom_id": "y", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}
     )
     assert "cache_salt" not in parse_line(rig.shard("b", 1), 1, plain).body  # a local run
+
+
+def test_requests_cancelled_at_the_gate_or_inside_it_never_hold_the_door() -> None:
+    """Found by the blast-radius sweep: a request cancelled while it left the gate (a shard
+    taken back during a drain) could stay counted inside; every later request then waited at
+    the door for ever and the shard never ended. Whatever is cancelled where, the gate ends
+    idle and lets the next request in."""
+    gate = EngineGate()
+
+    async def hold(alone: bool, seconds: float) -> None:
+        async with gate.enter(alone):
+            await asyncio.sleep(seconds)
+
+    async def go() -> None:
+        inside = [asyncio.ensure_future(hold(False, 10)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        isolated = asyncio.ensure_future(hold(True, 10))  # waits for the engine to empty
+        await asyncio.sleep(0.01)
+        blocked = asyncio.ensure_future(hold(False, 0))  # waits behind the isolated one
+        await asyncio.sleep(0.01)
+        for task in [*inside, isolated]:
+            task.cancel()
+        await asyncio.gather(*inside, isolated, return_exceptions=True)
+        await asyncio.wait_for(blocked, 1)  # the door is open again
+        assert gate.idle
+
+    asyncio.run(go())

@@ -466,11 +466,15 @@ class ShardRunner:
         except asyncio.CancelledError:
             # A cancelled caller (the flush timer at shutdown) keeps the lock until the thread
             # has written the chunk, so the final commit and the progress record are written
-            # strictly after it; lines it could not write go back to the pending ones.
+            # strictly after it; lines it could not write go back to the pending ones. The
+            # cancellation always goes on: a commit that found the lease lost must not replace
+            # it (the timer would swallow the error and loop, and the run never end).
             try:
                 await write
             except CommitFailed as exc:
                 self.results.restore(exc.unwritten)
+            except Fenced as exc:
+                self._lease_lost = self._lease_lost or str(exc)
             raise
 
     def _sync_stats(self) -> None:

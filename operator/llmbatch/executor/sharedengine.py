@@ -65,35 +65,52 @@ class BusyLedger:
 
 class EngineGate:
     """Requests enter the engine together, but an isolated one alone: it waits until the
-    engine is empty, and while it waits or runs nothing else enters (so the engine empties)."""
+    engine is empty, and while it waits or runs nothing else enters (so the engine empties).
+
+    Leaving never waits for anything (the counts change at once, waiters are woken): a request
+    cancelled on its way out — a shard taken back, an engine that died — cannot leave the gate
+    counting it inside for ever, which would hold every later request at the door.
+    """
 
     def __init__(self) -> None:
-        self._cond = asyncio.Condition()
         self._inside = 0
         self._alone = False
         self._waiting_alone = 0
+        self._changed = asyncio.Event()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        while not ready():  # checked and claimed with no await in between
+            await self._changed.wait()
 
     @contextlib.asynccontextmanager
     async def enter(self, alone: bool) -> AsyncIterator[None]:
-        async with self._cond:
-            if alone:
-                self._waiting_alone += 1
-                try:
-                    await self._cond.wait_for(lambda: self._inside == 0 and not self._alone)
-                finally:
-                    self._waiting_alone -= 1
-                self._alone = True
-            else:
-                await self._cond.wait_for(lambda: not self._alone and not self._waiting_alone)
-            self._inside += 1
+        if alone:
+            self._waiting_alone += 1
+            try:
+                await self._until(lambda: self._inside == 0 and not self._alone)
+            finally:
+                self._waiting_alone -= 1
+                self._notify()
+            self._alone = True
+        else:
+            await self._until(lambda: not self._alone and not self._waiting_alone)
+        self._inside += 1
         try:
             yield
         finally:
-            async with self._cond:
-                self._inside -= 1
-                if alone:
-                    self._alone = False
-                self._cond.notify_all()
+            self._inside -= 1
+            if alone:
+                self._alone = False
+            self._notify()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing inside and nobody waiting to be alone."""
+        return self._inside == 0 and not self._alone and not self._waiting_alone
 
 
 class SharedEngine(Engine):
