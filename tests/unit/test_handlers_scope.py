@@ -1,4 +1,5 @@
-"""LLMBATCH_NAMESPACES scopes every Batch handler (kopf itself watches cluster-wide)."""
+"""LLMBATCH_NAMESPACES scopes every Batch handler (kopf itself watches cluster-wide), and no
+Batch has a timer of its own: batches are reconciled by the work queue as they change (#30)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import pytest
 from llmbatch.controller import handlers
 
 
-def _batch_handlers() -> list[object]:
+def _batch_handlers(*kinds: str) -> list[object]:
     registry = kopf.get_default_registry()
     found = []
-    for kind in (registry._changing, registry._spawning):
-        for handler in kind.get_all_handlers():
-            if "batches" in str(handler.selector):
+    for kind in kinds:
+        for handler in getattr(registry, kind).get_all_handlers():
+            if "batches" in str(handler.selector) and "batchpools" not in str(handler.selector):
                 found.append(handler)
     return found
 
@@ -21,15 +22,17 @@ def _batch_handlers() -> list[object]:
 def test_every_batch_handler_is_filtered_by_the_served_namespaces(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    batch_handlers = _batch_handlers()
-    assert len(batch_handlers) >= 5  # timer, create, resume, cancel, delete
+    batch_handlers = _batch_handlers("_changing", "_watching", "_indexing")
+    assert len(batch_handlers) >= 3  # delete, the watch's events, the running batches index
     for handler in batch_handlers:
         assert handler.when is not None, handler
     monkeypatch.setattr(handlers, "SERVED", frozenset({"team-a"}))
     assert handlers._served("team-a")
     assert not handlers._served("team-b")
-    assert handlers._active(status={"status": "in_progress"}, namespace="team-a")
-    assert not handlers._active(status={"status": "in_progress"}, namespace="team-b")
-    assert not handlers._active(status={"status": "completed"}, namespace="team-a")
     monkeypatch.setattr(handlers, "SERVED", frozenset())
     assert handlers._served("any")
+
+
+def test_no_batch_has_a_timer_or_a_daemon() -> None:
+    """A timer per batch makes the operator's work grow with the batches that exist."""
+    assert _batch_handlers("_spawning") == []

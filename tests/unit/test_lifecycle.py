@@ -51,3 +51,33 @@ def test_cost_is_exact_decimal() -> None:
     assert cost_of(1_000_000, 500_000, "0.22", "0.22") == "0.330000"
     assert cost_of(3, 7, "0.15", "0.60") == "0.000005"
     assert cost_of(0, 0, "1", "1") == "0.000000"
+
+
+def test_the_phase_table_is_the_lifecycle_and_terminal_phases_absorb() -> None:
+    import itertools
+
+    from llmbatch.api.resources import Phase
+    from llmbatch.core.lifecycle import (
+        PHASE_TRANSITIONS,
+        TERMINAL,
+        IllegalTransition,
+        check_transition,
+    )
+
+    phases = [p.value for p in Phase]
+    assert set(PHASE_TRANSITIONS) == {None, *phases}
+    for before, after in itertools.product([None, *phases], phases):
+        if after in PHASE_TRANSITIONS[before]:
+            check_transition(before, after)
+        else:
+            with pytest.raises(IllegalTransition):
+                check_transition(before, after)
+    for terminal in TERMINAL:
+        assert PHASE_TRANSITIONS[terminal] == frozenset()
+    # every phase is reachable from a new batch
+    reached, frontier = set(), {None}
+    while frontier:
+        nxt = {a for b in frontier for a in PHASE_TRANSITIONS[b]} - reached
+        reached |= nxt
+        frontier = nxt  # type: ignore[assignment]
+    assert reached == set(phases)

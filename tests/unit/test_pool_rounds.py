@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from llmbatch.controller.pools import LATEST_SECONDS, REPORT_SECONDS, PoolRound
+from llmbatch.controller.pools import (
+    LATEST_SECONDS,
+    QUIET_SECONDS,
+    REPORT_SECONDS,
+    PoolRound,
+    running_entry,
+)
 from tests.fixtures.builders import make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
 
@@ -141,10 +147,12 @@ def test_the_last_computed_status_counts_only_while_young(tmp_path: pathlib.Path
     submit(h, "batch-" + "e" * 24, requests=2)
     asyncio.run(h.pool_step())
     h.pools._latest["pool-a"] = ({**h.pools._latest["pool-a"][0], "desiredSlots": 2}, h.now)
+    h.pools.kick("pool-a")  # a round that decides (a quiet one computes nothing)
     assert desired_events(asyncio.run(h.pool_step())) == [
         "Desired slots 2 → 1 (backlog " + _backlog(h) + ")"
     ]
     h.pools._latest["pool-a"] = ({"desiredSlots": 2}, h.now - LATEST_SECONDS)
+    h.pools.kick("pool-a")
     assert desired_events(asyncio.run(h.pool_step())) == [
         "Desired slots 0 → 1 (backlog " + _backlog(h) + ")"
     ]
@@ -225,3 +233,51 @@ def test_every_round_lists_with_the_listing_reuse_off(tmp_path: pathlib.Path) ->
     for _ in range(3):
         h.pool_round()
     assert len(calls) == 3
+
+
+def test_a_round_whose_look_finds_nothing_changed_decides_nothing(tmp_path: pathlib.Path) -> None:
+    """#30: with thousands of batches waiting, a round copied the index of every running batch
+    and planned the whole queue twice a second although nothing had changed. A quiet round only
+    looks (the slots' heartbeats); a shard that ends, new work or the quiet period's end make
+    the next one decide."""
+    h = harness(tmp_path, minSlots=0, maxSlots=1)
+    name = submit(h, "batch-" + "q" * 24, requests=4)
+    listings: list[float] = []
+
+    def batches() -> list[dict[str, Any]]:
+        listings.append(h.now)
+        return [
+            entry["pool-a"]
+            for b in h.kube.all("batches")
+            if (entry := running_entry(b)) and "pool-a" in entry
+        ]
+
+    def round_() -> PoolRound:
+        return asyncio.run(h.pools.step("pool-a", pool_spec(h), pool_status(h), None, batches))
+
+    assert not round_().quiet  # new work: it decides (and starts a slot)
+    h.now += 1
+    round_()  # it sees its own grants: this one may decide too (nothing to do)
+    h.now += 1
+    assert round_().quiet  # nothing changed: it only looked
+    assert len(listings) == 2
+    (job,) = h.jobs()
+    h.run_slot(job, exits=False)  # the slot runs the shard and reports it done
+    h.now += 1
+    assert not round_().quiet
+    h.step(name)
+    h.now += QUIET_SECONDS + 1
+    assert not round_().quiet  # the quiet period ended: a round decides again
+    assert len(listings) == 4
+
+
+def pool_spec(h: ReconcilerHarness) -> dict[str, Any]:
+    pool = h.kube.get("batchpools", None, "pool-a")
+    assert pool is not None
+    return dict(pool["spec"])
+
+
+def pool_status(h: ReconcilerHarness) -> dict[str, Any]:
+    pool = h.kube.get("batchpools", None, "pool-a")
+    assert pool is not None
+    return dict(pool.get("status") or {})

@@ -12,7 +12,7 @@ import pytest
 
 from llmbatch.api.slot import ShardReport, SlotHeartbeat
 from llmbatch.controller import metrics
-from llmbatch.controller.pools import PoolScheduler
+from llmbatch.controller.pools import QUIET_SECONDS, PoolScheduler
 from llmbatch.core import keys
 from tests.fixtures.builders import WORKERS, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
@@ -146,6 +146,7 @@ def test_an_unreadable_lease_is_left_alone_and_the_round_goes_on(h: ReconcilerHa
     uid = h.batch(name)["metadata"]["uid"]
     lease_key = keys.shard_lease_key(keys.shard_prefix("team-a", uid, 0))
     h.store.put(lease_key, b'{"generation": "x"}')
+    h.now += QUIET_SECONDS  # the next round that decides anything reads it
     h.pool_round()
     assert any("cannot be read" in e[2] for e in h.events if e[1] == "UnreadableMessage")
     other = submit(h, "batch-" + "f" * 24, requests=2)  # the pool still places other work

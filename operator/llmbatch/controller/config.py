@@ -66,7 +66,16 @@ class OperatorConfig:
     executor_command: tuple[str, ...] = ("python", "-m", "llmbatch.executor")
     """Command of the executor container."""
     reconcile_interval: float = 2.0
-    """Seconds between level-based reconciles of one batch / one pool."""
+    """Seconds between rounds of a pool with nothing waiting (a batch is reconciled when it
+    changes, not on an interval: ``resync_seconds``)."""
+    reconcile_workers: int = 8
+    """Batches reconciled at once (the work queue's workers)."""
+    resync_seconds: float = 600.0
+    """The safety resync: a batch nothing happened to is reconciled again after this long
+    (±20 %, so a backlog spreads out)."""
+    startup_spread_seconds: float = 60.0
+    """A restarted operator spreads the resync of the batches it finds running over this long
+    (new, cancelled and stopping batches are served at once)."""
     progress_interval: float = 5.0
     """At most one progress status patch per batch this often."""
     metrics_port: int = 8080
@@ -116,6 +125,9 @@ class OperatorConfig:
             executor_store_secret=os.environ.get("LLMBATCH_EXECUTOR_STORE_SECRET") or None,
             executor_command=tuple(command.split()) if command else cls.executor_command,
             reconcile_interval=_float("LLMBATCH_RECONCILE_INTERVAL", 2.0),
+            reconcile_workers=int(_float("LLMBATCH_RECONCILE_WORKERS", 8)),
+            resync_seconds=_float("LLMBATCH_RESYNC_SECONDS", 600.0),
+            startup_spread_seconds=_float("LLMBATCH_STARTUP_SPREAD_SECONDS", 60.0),
             progress_interval=_float("LLMBATCH_PROGRESS_INTERVAL", 5.0),
             metrics_port=int(os.environ.get("LLMBATCH_METRICS_PORT", "8080")),
             slot_heartbeat_seconds=_float("LLMBATCH_SLOT_HEARTBEAT_SECONDS", 5.0),

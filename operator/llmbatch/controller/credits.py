@@ -61,6 +61,9 @@ class CreditLedger:
     ) -> None:
         self.kube = kube
         self.clock = clock
+        self.batches_of: Callable[[str], list[dict[str, Any]] | None] | None = None
+        """The namespace's Batches as the operator's cache holds them; None when it cannot
+        tell (not synced yet): then they are listed."""
         # The tenant label is only used when the set of tenants is fixed by configuration.
         self.labelled = frozenset(tenants)
 
@@ -162,6 +165,10 @@ class CreditLedger:
 
         Drops reservations of Batches that no longer exist (older than the grace period) or that
         ended and were settled, and keeps reserved / available current after a limit change.
+        The Batches come from the operator's cache when it has one (``batches_of``), else from
+        one listing of the namespace; the account is written (read, then replaced) only when
+        the listed one would change — with a deep backlog every reservation is old, and a pass
+        cost a listing of every tenant's Batches and a read of every account each time.
         """
         now = int(self.clock())
         status = CreditAccountStatus.model_validate(body.get("status") or {})
@@ -169,11 +176,8 @@ class CreditLedger:
             e.batch for e in status.reservations or [] if now - e.created_at >= ORPHAN_GRACE_SECONDS
         ]
         orphans: set[str] = set()
-        if old:  # one list of the namespace's Batches, not one GET per reservation
-            batches = {
-                (b.get("metadata") or {}).get("name"): b
-                for b in await self.kube.list_custom("batches", namespace)
-            }
+        if old:  # one look at the namespace's Batches, not one GET per reservation
+            batches = await self._batches(namespace)
             for name in old:
                 batch = batches.get(name)
                 batch_status = (batch or {}).get("status") or {}
@@ -191,7 +195,16 @@ class CreditLedger:
                 )
             return kept
 
-        await self._update(namespace, tidy)
+        limit = CreditAccountSpec.model_validate(body.get("spec") or {}).limit
+        if tidy(limit, status) is not None:
+            await self._update(namespace, tidy)
+
+    async def _batches(self, namespace: str) -> dict[str | None, dict[str, Any]]:
+        """The namespace's Batches by name: the operator's cache, else a listing."""
+        listed = self.batches_of(namespace) if self.batches_of is not None else None
+        if listed is None:
+            listed = await self.kube.list_custom("batches", namespace)
+        return {(b.get("metadata") or {}).get("name"): b for b in listed}
 
     async def run(self, namespaces: tuple[str, ...], interval: float) -> None:
         """Repair every account each ``interval`` seconds until cancelled.

@@ -8,23 +8,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
-from llmbatch import logs
 from llmbatch.api.resources import GROUP, VERSION, BatchPoolSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.batches import BatchReconciler, Step
+from llmbatch.controller.batchwork import BatchWork
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import REQUEST_TIMEOUT, Kube
 from llmbatch.controller.pools import PoolScheduler, running_entry
 from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.controller.webhooks import WebhookDispatcher
-from llmbatch.core.ids import batch_id_from_name
-from llmbatch.core.lifecycle import TERMINAL
 from llmbatch.storage import open_store
 
 FINALIZER = "llmbatch.io/finalizer"
@@ -35,9 +32,6 @@ INTERVAL = float(os.environ.get("LLMBATCH_RECONCILE_INTERVAL", "2"))
 #: kopf itself always watches cluster-wide: BatchPools are cluster-scoped and the peering object
 #: is the ClusterKopfPeering, so scoping is a filter on every Batch handler.
 SERVED = frozenset(filter(None, os.environ.get("LLMBATCH_NAMESPACES", "").split(",")))
-
-# One reconcile at a time per batch, whichever handler (timer, create, cancel) triggered it.
-_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
 
 @kopf.on.startup()
@@ -70,11 +64,24 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         kube, metrics.instrument_store(open_store(config.store_uri)), config
     )
     memo.pools = PoolScheduler(kube, memo.batches.store, config)
+    memo.work = BatchWork(
+        memo.batches,
+        kube,
+        resync_seconds=config.resync_seconds,
+        startup_spread_seconds=config.startup_spread_seconds,
+        served=lambda namespace: _served(namespace),
+        on_step=_stepped(memo),
+    )
+    memo.pools.on_shards_changed = memo.work.push
+    memo.batches.credits.batches_of = memo.work.batches_of
+    memo.work_stop = asyncio.Event()
+    memo.work_task = asyncio.create_task(memo.work.run(config.reconcile_workers, memo.work_stop))
     metrics.serve(config.metrics_port)
     if config.retention_interval > 0:
         # Not a kopf timer: timers put a finalizer on every object they run on, and BatchFiles
         # must stay deletable without the operator (DELETE /v1/files, owner garbage collection).
         sweeper = RetentionSweeper(kube, memo.batches.store, config)
+        sweeper.batches = memo.work.all_batches
         memo.retention_task = asyncio.create_task(sweeper.run(config.retention_interval))
     if config.webhooks.enabled:
         # Its own task with bounded concurrency: a slow endpoint never holds up a reconcile.
@@ -84,7 +91,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    for name in ("retention_task", "webhooks_task"):
+    stop: asyncio.Event | None = getattr(memo, "work_stop", None)
+    if stop is not None:
+        stop.set()
+    for name in ("work_task", "retention_task", "webhooks_task"):
         task: asyncio.Task[None] | None = getattr(memo, name, None)
         if task is not None:
             task.cancel()
@@ -95,105 +105,67 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
         await kube.close()
 
 
-def _apply(step: Step, body: kopf.Body, patch: kopf.Patch) -> None:
-    changes = step.to_patch()
-    if changes:
-        patch.setdefault("status", {}).update(changes)
-    for event_type, reason, message in step.events:
-        kopf.event(body, type=event_type, reason=reason, message=message)
+def _stepped(memo: kopf.Memo) -> Any:
+    """What follows each batch step: the pool sees a batch it just accepted before the watch
+    shows it, and the metrics see the step."""
 
+    def stepped(body: dict[str, Any], step: Step, changes: dict[str, Any]) -> None:
+        before = body.get("status") or {}
+        current = step.phase or before.get("status")
+        scheduler: PoolScheduler | None = getattr(memo, "pools", None)
+        if scheduler is not None and current == "in_progress" and before.get("status") != current:
+            scheduler.notice_accepted({**body, "status": {**before, **changes}})
+        metrics.observe_batch(body["metadata"]["uid"], current, body, changes)
 
-async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
-    uid = body["metadata"]["uid"]
-    name = str(body["metadata"].get("name") or "")
-    logs.bind_context(
-        batch_id=batch_id_from_name(name) if name.startswith("batch-") else None,
-        tenant=body["metadata"].get("namespace"),
-    )
-    async with _locks[uid]:
-        reconciler: BatchReconciler = memo.batches
-        step = await reconciler.step(dict(body))
-        _apply(step, body, patch)
-    before = body.get("status") or {}
-    current = step.phase or before.get("status")
-    scheduler: PoolScheduler | None = getattr(memo, "pools", None)
-    if scheduler is not None and current == "in_progress" and before.get("status") != current:
-        # the pool need not wait for the watch to show what this step decided
-        scheduler.notice_accepted({**dict(body), "status": {**before, **patch.get("status", {})}})
-    metrics.observe_batch(uid, current, dict(body), dict(patch.get("status") or {}))
+    return stepped
 
 
 def _served(namespace: str | None, **_: Any) -> bool:
     return not SERVED or namespace in SERVED
 
 
-def _active(status: kopf.Status, namespace: str | None, **_: Any) -> bool:
-    return _served(namespace) and status.get("status") not in TERMINAL
-
-
-#: A timer run that failed (the API server restarting, the store down) is retried after this
-#: many seconds instead of kopf's default 60.
-RETRY_BACKOFF = 5.0
-
-
-@kopf.timer(
-    GROUP,
-    VERSION,
-    "batches",
-    interval=INTERVAL,
-    initial_delay=INTERVAL,
-    when=_active,
-    backoff=RETRY_BACKOFF,
-)
-async def batch_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Level-based: compare status, slots and store, and take the next step."""
-    await _reconcile(body, patch, memo)
-
-
-@kopf.on.resume(GROUP, VERSION, "batches", when=_served)
-@kopf.on.create(GROUP, VERSION, "batches", when=_served)
-async def batch_created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Start at once instead of waiting for the first timer tick; re-attach after a restart."""
-    await _reconcile(body, patch, memo)
-
-
-@kopf.on.field(GROUP, VERSION, "batches", field="spec.cancel", new=True, when=_served)
-async def batch_cancel(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """React to a cancel request at once."""
-    await _reconcile(body, patch, memo)
-
-
 @kopf.on.delete(GROUP, VERSION, "batches", when=_served)
 async def batch_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Remove the batch's Jobs and work area; its BatchFiles go by owner references."""
     uid = body["metadata"]["uid"]
-    async with _locks[uid]:
+    work: BatchWork = memo.work
+    async with work.locks[uid]:
         reconciler: BatchReconciler = memo.batches
         await reconciler.delete(dict(body))
-    _locks.pop(uid, None)
+    work.forget(uid)
     metrics.observe_batch(uid, None)
 
 
 @kopf.on.event(GROUP, VERSION, "batches", when=_served)
 async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Hand a finished batch to the webhook dispatcher (no I/O here: it only schedules; async so
-    that it runs on the loop, not in kopf's thread pool)."""
+    """Every change of a Batch: queue its reconcile by what changed (the work queue), kick its
+    pool when it has shards to place, hand a finished one to the webhook dispatcher. No I/O
+    here (async so that it runs on the loop, not in kopf's thread pool)."""
+    deleted = event.get("type") == "DELETED"
+    work: BatchWork | None = getattr(memo, "work", None)
+    if work is not None:
+        work.notice(dict(body), initial=event.get("type") is None, deleted=deleted)
     dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
     if dispatcher is not None:
         dispatcher.notice(body, deleted=event.get("type") == "DELETED")
     scheduler: PoolScheduler | None = getattr(memo, "pools", None)
     if scheduler is not None:
-        deleted = event.get("type") == "DELETED"
         scheduler.notice_batch(body.get("status") or {}, body["metadata"]["uid"], deleted=deleted)
 
 
 @kopf.on.event(GROUP, VERSION, "batchpools")
 async def pool_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Keep the pool catalog acceptance chooses from (no I/O: async so it runs on the loop)."""
+    """Keep the pool catalog acceptance chooses from; a pool gone makes its running batches
+    reconcile (they end with pool_deleted lines). No I/O: async so it runs on the loop."""
+    deleted = event.get("type") == "DELETED"
     reconciler: BatchReconciler | None = getattr(memo, "batches", None)
     if reconciler is not None:
-        deleted = event.get("type") == "DELETED"
         reconciler.pool_catalog.notice(dict(body), deleted=deleted)
+    work: BatchWork | None = getattr(memo, "work", None)
+    if work is not None and deleted:
+        reconciler_interval = memo.config.reconcile_interval
+        # after the reconciler's read of the pool expires, so it sees the pool gone
+        work.push_pool(body["metadata"]["name"], after=reconciler_interval + 0.5)
 
 
 @kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)
@@ -211,6 +183,10 @@ async def running_batches(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]
     first round sees every running batch)."""
     return running_entry(dict(body))
 
+
+#: A pool timer run that failed (the API server restarting, the store down) is retried after
+#: this many seconds instead of kopf's default 60.
+RETRY_BACKOFF = 5.0
 
 #: The longest a pool timer run waits for its pool to be due a round (``PoolScheduler.wait_due``:
 #: a batch's kick ends the wait at once); the timer runs again POOL_TIMER_GAP after it returns.
@@ -246,7 +222,10 @@ async def pool_timer(
     if not due or stopped.is_set():  # the operator exits or the pool is being deleted
         return
     index: kopf.Index[str, dict[str, Any]] = kwargs["running_batches"]  # kopf passes indexes
-    batches = scheduler.running_batches(name, [dict(b) for b in index.get(name, [])])
+
+    def batches() -> list[dict[str, Any]]:  # copied only for a round that decides something
+        return scheduler.running_batches(name, [dict(b) for b in index.get(name, [])])
+
     result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"), batches)
     if result.status:
         patch.setdefault("status", {}).update(result.status)

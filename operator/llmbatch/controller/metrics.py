@@ -354,20 +354,20 @@ def observe_batch(
     now = time.time()
     LAST_RECONCILE.set(now)
     if status is None:
-        _known.pop(uid, None)
-    else:
-        seen = _known.get(uid)
-        if seen is None:
-            seen = _known[uid] = _Seen(status, now)
-        elif seen.status != status:
-            seen.status, seen.since = status, now
-        if body is not None:
-            _observe_progress(seen, previous_status(body), status, body, changes or {})
-    counts = dict.fromkeys(_STATUSES, 0)
-    for known in _known.values():
-        counts[known.status] = counts.get(known.status, 0) + 1
-    for value, count in counts.items():
-        BATCHES.labels(value).set(count)
+        gone = _known.pop(uid, None)
+        if gone is not None:
+            BATCHES.labels(gone.status).dec()
+        return
+    seen = _known.get(uid)
+    if seen is None:
+        seen = _known[uid] = _Seen(status, now)
+        BATCHES.labels(status).inc()
+    elif seen.status != status:  # the gauges move by one: a step costs O(1), not O(batches)
+        BATCHES.labels(seen.status).dec()
+        BATCHES.labels(status).inc()
+        seen.status, seen.since = status, now
+    if body is not None:
+        _observe_progress(seen, previous_status(body), status, body, changes or {})
 
 
 def previous_status(body: dict[str, Any]) -> str | None:

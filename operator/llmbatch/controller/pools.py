@@ -24,8 +24,10 @@ from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.slots import SlotScheduler
+from llmbatch.controller.slotstate import Look
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
 from llmbatch.core.tiers import TIERS, tier_of
+from llmbatch.core.workqueue import Priority
 from llmbatch.storage.base import ObjectStore
 
 #: How long a batch accepted here counts as running without the watch showing it (a missed
@@ -40,6 +42,8 @@ BACKLOG_RECHECK = 0.5
 #: scaling state (``desiredSlots``, ``scaleDownSince``) is patched at once.
 REPORT_FIELDS = frozenset({"slotsInUse", "warmSlots", "queueDepth", "throughputPerSlot"})
 REPORT_SECONDS = 1.0
+#: Phases of a batch that no longer runs on its pool: its backlog is gone.
+STOPPED = frozenset({"finalizing", "cancelling", "completed", "failed", "expired", "cancelled"})
 #: A round computes from the status the previous round computed only if that is younger than
 #: this (the watch's lag, under load seconds); older, the pool's status is the truth (another
 #: replica may have led meanwhile).
@@ -103,6 +107,17 @@ class PoolRound:
 
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    quiet: bool = False
+    """Only looked: nothing had changed that a round could decide on (status as it was)."""
+
+
+Batches = list[dict[str, Any]] | Callable[[], list[dict[str, Any]]]
+"""A pool's running batches, or how to get them (the index is copied only for a full round)."""
+#: A round whose look found nothing changed (no slot's reports, no new work, nothing lost)
+#: decides nothing and is skipped, but a full round runs at least this often (scale-down
+#: cool-downs, keep-warm marks): with thousands of batches waiting, a full round is the
+#: operator's largest cost, and it followed the clock, not change.
+QUIET_SECONDS = 10.0
 
 
 class PoolScheduler:
@@ -129,9 +144,15 @@ class PoolScheduler:
         self._backlogged: set[str] = set()  # pools whose last round left shards waiting
         self._in_round: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._deleted: set[str] = set()  # uids of pools being deleted: no round of them runs
+        self._full: dict[str, tuple[float, int, tuple[Any, ...]]] = {}
+        """pool -> (when its last full round started, the kicks counted then, its look's
+        signature): see :meth:`_quiet`."""
         # pool -> batch uid -> (when, running_entry): batches this operator accepted whose
         # acceptance its watch has not shown yet (under load the watch lags by seconds)
         self._accepted: dict[str, dict[str, tuple[float, dict[str, Any]]]] = {}
+        self.on_shards_changed: Callable[[str, Priority], None] | None = None
+        """Told, after each round, of every batch whose shards it saw change (the work queue:
+        a batch is reconciled when its shards change, not polled)."""
 
     def kick(self, name: str) -> None:
         """A batch of pool ``name`` has shards waiting for their first slot: run a round soon
@@ -161,23 +182,22 @@ class PoolScheduler:
     def notice_batch(
         self, status: dict[str, Any], uid: str | None = None, *, deleted: bool = False
     ) -> None:
-        """Kick the pool of a running batch whose status shows shards never placed: the pool
-        places them at its next check, not at its next round. An event that shows the batch
-        accepted or later (or deleted) supersedes what :meth:`notice_accepted` kept."""
+        """Kick the pool of a batch whose status shows shards never placed, or that stopped
+        running (its backlog is gone: the pool may scale down): the pool decides at its next
+        check, not at its next full round. An event that shows the batch accepted or later (or
+        deleted) supersedes what :meth:`notice_accepted` kept."""
         if uid is not None and (deleted or status.get("status") not in (None, "validating")):
             for accepted in self._accepted.values():
                 accepted.pop(uid, None)
-        if deleted:
+        pool, phase = status.get("pool"), status.get("status")
+        if deleted or not pool:
             return
-        if (
-            status.get("status") == "in_progress"
-            and status.get("pool")
-            and any(
-                shard.get("phase") == "Pending" and not shard.get("job")
-                for shard in status.get("shards") or []
-            )
-        ):
-            self.kick(str(status["pool"]))
+        unplaced = phase == "in_progress" and any(
+            shard.get("phase") == "Pending" and not shard.get("job")
+            for shard in status.get("shards") or []
+        )
+        if unplaced or phase in STOPPED:
+            self.kick(str(pool))
 
     def due(self, name: str) -> bool:
         """Whether pool ``name`` needs a round now: its interval has passed since the last one
@@ -223,10 +243,11 @@ class PoolScheduler:
         spec: dict[str, Any],
         status: dict[str, Any],
         uid: str | None,
-        batches: list[dict[str, Any]],
+        batches: Batches,
     ) -> PoolRound:
         """One round: size the pool, settle and place shards on its slots. ``batches`` are the
-        pool's running batches (:func:`running_entry`). A pool being deleted gets none.
+        pool's running batches (:func:`running_entry`). A pool being deleted gets none. A round
+        whose look finds nothing changed since the last full one is quiet (:meth:`_quiet`).
 
         Rounds can follow each other faster than the watch shows their status patches, so a
         round computes from the status the previous one computed (the scaling state, the
@@ -242,7 +263,10 @@ class PoolScheduler:
             if now - computed_at >= LATEST_SECONDS:
                 written = {}  # older than the watch's lag: the pool's status is the truth
             result = await self._step(name, spec, {**status, **written}, uid, batches)
-            self._latest[name] = (result.status, now)
+            if result.quiet:  # computed nothing new: what the last round computed still holds
+                result.status = dict(written)
+            else:
+                self._latest[name] = (result.status, now)
             # what the pool does not show, and what changed since the last round (its patch
             # may land after this round read the pool: a value that went back is sent again)
             changed = {
@@ -257,6 +281,22 @@ class PoolScheduler:
                 self._reported[name] = now
             result.status = changed
             return result
+
+    def _quiet(self, name: str, look: Look, kicks: int, now: float) -> bool:
+        """Whether the round may stop at its look: the slots show what they showed at the last
+        full round (no shard started, ended or was taken), no batch brought new work, nothing
+        is lost, and that round is less than :data:`QUIET_SECONDS` old."""
+        last = self._full.get(name)
+        if last is None or look.urgent:
+            return False
+        when, kicked, signature = last
+        return signature == look.signature and kicks == kicked and now - when < QUIET_SECONDS
+
+    def _tell(self, changed: dict[str, Priority]) -> None:
+        """Tell the work queue of the batches whose shards this round saw change."""
+        if self.on_shards_changed is not None:
+            for batch_uid, priority in changed.items():
+                self.on_shards_changed(batch_uid, priority)
 
     async def remove(self, name: str, uid: str | None, pool: BatchPoolSpec) -> int:
         """The pool is being deleted: no round of it starts again, the one under way ends first
@@ -274,6 +314,7 @@ class PoolScheduler:
             self._reported.pop(name, None)
             self._backlogged.discard(name)
             self._accepted.pop(name, None)
+            self._full.pop(name, None)
             self.slots.forget_pool(name)
             metrics.forget_pool(name)
         return left
@@ -284,12 +325,19 @@ class PoolScheduler:
         spec: dict[str, Any],
         status: dict[str, Any],
         uid: str | None,
-        batches: list[dict[str, Any]],
+        batches: Batches,
     ) -> PoolRound:
         started = time.perf_counter()
         pool = BatchPoolSpec.model_validate(spec)
         now = self.clock()
-        self._rounds[name] = (now, self._kicks.get(name, 0))
+        kicks = self._kicks.get(name, 0)
+        self._rounds[name] = (now, kicks)
+        look = await self.slots.look(name, pool, now)
+        if self._quiet(name, look, kicks, now):
+            self._tell(look.result.changed)
+            return PoolRound(events=look.result.events, quiet=True)
+        self._full[name] = (now, kicks, look.signature)
+        batches = batches() if callable(batches) else batches
         result = PoolRound()
         throughput = float(Decimal(status.get("throughputPerSlot") or pool.throughput_per_slot))
         backlog = _backlog(batches, name)
@@ -302,9 +350,10 @@ class PoolScheduler:
                     f"Desired slots {previous.desired} → {scaled.desired} (backlog {backlog})",
                 )
             )
-        placed = await self.slots.round(name, pool, uid, batches, scaled.desired, now)
+        placed = await self.slots.round(name, pool, uid, batches, scaled.desired, now, look)
         metrics.POOL_ROUND_SECONDS.labels(name).observe(time.perf_counter() - started)
         result.events += placed.events
+        self._tell(placed.changed)
         for ref, reason, message in placed.batch_events:
             involved = {"apiVersion": API_VERSION, "kind": "Batch", **ref}
             await self.kube.post_event(

@@ -71,6 +71,9 @@ class RetentionSweeper:
         self.store = store
         self.config = config
         self.clock = clock
+        self.batches: Callable[[], list[dict[str, Any]] | None] | None = None
+        """Every served Batch as the operator's cache holds them; None when it cannot tell
+        yet (then they are listed): a sweep listing 10,000 Batches a minute moved 100 MB."""
 
     async def run(self, interval: float) -> None:
         """Sweep every ``interval`` seconds until cancelled; a failed sweep is retried next time."""
@@ -93,7 +96,11 @@ class RetentionSweeper:
         now = self.clock()
         # Files before batches: a batch created after its file was listed is then seen too.
         files = [StoredFile.from_object(o) async for o in self._each("batchfiles")]
-        batches = [BatchRef.from_object(o) async for o in self._each("batches")]
+        cached = self.batches() if self.batches is not None else None
+        if cached is not None:
+            batches = [BatchRef.from_object(o) for o in cached]
+        else:
+            batches = [BatchRef.from_object(o) async for o in self._each("batches")]
         pools: dict[str, PoolRetention | None] = {}
         for pool in await self.kube.list_custom("batchpools"):
             settings = (pool.get("spec") or {}).get("retention")

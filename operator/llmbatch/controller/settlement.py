@@ -20,6 +20,7 @@ from llmbatch.controller import metrics
 from llmbatch.controller.slotstate import ObservedSlot, SlotRound, Work, lease_key
 from llmbatch.core.leases import RunEnd, settle
 from llmbatch.core.slots import RunningShard
+from llmbatch.core.workqueue import Priority
 from llmbatch.storage.base import ObjectStore, StoreError
 from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import read_lease, update_lease
@@ -135,6 +136,8 @@ class Settlement:
         if after is None:
             return True  # nothing to record (the run had lost its lease)
         recorded = self._update(assignment, lease, after)
+        if recorded:
+            result.touch(assignment.shard.batch_uid, Priority.SHARDS)
         if recorded and after.reason:
             log.warning(
                 "shard %s: %s (%s), attempt %d",

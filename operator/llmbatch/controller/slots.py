@@ -26,8 +26,9 @@ from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.settlement import Settlement
-from llmbatch.controller.slotfleet import SlotFleet
+from llmbatch.controller.slotfleet import Assign, SlotFleet
 from llmbatch.controller.slotstate import (
+    Look,
     ObservedSlot,
     SlotRound,
     Work,
@@ -35,6 +36,7 @@ from llmbatch.controller.slotstate import (
     max_num_seqs,
     pool_work,
     slot_views,
+    slots_signature,
 )
 from llmbatch.controller.slotwatch import SlotObserver
 from llmbatch.core import keys
@@ -48,6 +50,7 @@ from llmbatch.core.slots import (
     slot_concurrency,
     start_order,
 )
+from llmbatch.core.workqueue import Priority
 from llmbatch.storage.base import ObjectStore, StoreError
 from llmbatch.storage.slotchannel import SlotChannel, grant_lease, read_lease, update_lease
 
@@ -84,6 +87,12 @@ class SlotScheduler:
         """``fn(*args)`` (store calls) in one of the round's threads."""
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
+    async def look(self, name: str, pool: BatchPoolSpec, now: float) -> Look:
+        """The cheap part of a round: observe the pool's slots (liveness, reports, progress)."""
+        result = SlotRound()
+        slots = await self.observer.observe(name, pool, now, result)
+        return Look(slots, result, slots_signature(slots))
+
     async def round(
         self,
         name: str,
@@ -92,12 +101,15 @@ class SlotScheduler:
         batches: list[dict[str, Any]],
         desired: int,
         now: float,
+        look: Look | None = None,
     ) -> SlotRound:
-        """One round over the pool's slots; ``batches`` is this round's listing of Batches."""
-        result = SlotRound()
+        """One round over the pool's slots (``look``: observed already); ``batches`` is the
+        pool's running Batches."""
+        if look is None:
+            look = await self.look(name, pool, now)
+        result, slots = look.result, look.slots
         namespace = pool.worker_namespace
         work = pool_work(name, batches)
-        slots = await self.observer.observe(name, pool, work, now, result)
         # The store calls of a phase run in the round's threads, a slot (or a grant) each, all
         # at once: one by one, a round of 64 seats took seconds under load.
         settled = await asyncio.gather(
@@ -127,7 +139,7 @@ class SlotScheduler:
         waiting_models = {q.model for q in placement.waiting}
         kept = await self.fleet.keep_warm(pool, live)
         prestarted = await self.fleet.prestart(
-            name, pool, pool_uid, live, placement, now, self._assign, result
+            name, pool, pool_uid, live, placement, now, self._assigner(result), result
         )
         if waiting_models and sum(1 for s in live if s.open) >= pool.max_slots:
             kept = set()  # a full pool: a kept idle slot of another model is in the way
@@ -150,13 +162,13 @@ class SlotScheduler:
         by_shard = {id(w.queued): w for w in waiting}
         await asyncio.gather(
             *(
-                self._io(self._grant, name, slot_name, by_shard[id(shard)], now)
+                self._io(self._grant, name, slot_name, by_shard[id(shard)], now, result)
                 for shard, slot_name in placement.assign
             )
         )
         for group in placement.new_slots:
             started = await self.fleet.start(
-                name, pool, pool_uid, [by_shard[id(q)] for q in group], now, self._assign
+                name, pool, pool_uid, [by_shard[id(q)] for q in group], now, self._assigner(result)
             )
             result.events.append(
                 ("Normal", "SlotStarted", f"Started slot {started} for {len(group)} shards")
@@ -191,26 +203,32 @@ class SlotScheduler:
 
     # --- placing -----------------------------------------------------------------------------
 
-    async def _assign(self, pool_name: str, slot: str, work: Work, now: float) -> None:
-        await self._io(self._grant, pool_name, slot, work, now)
+    def _assigner(self, result: SlotRound) -> Assign:
+        """How the fleet grants a new slot its first shards (this round's grants)."""
 
-    def _grant(self, pool_name: str, slot: str, work: Work, now: float) -> None:
+        async def assign(pool_name: str, slot: str, work: Work, now: float) -> None:
+            await self._io(self._grant, pool_name, slot, work, now, result)
+
+        return assign
+
+    def _grant(self, pool_name: str, slot: str, work: Work, now: float, result: SlotRound) -> None:
         """Lease the shard to ``slot`` (a new generation fences earlier holders), then assign.
         Store calls only: runs in a worker thread. A store error on this shard's keys leaves it
         waiting for the next round (a lease granted without its assignment is granted again
         then), never failing the round for the other shards."""
         try:
-            self._grant_once(pool_name, slot, work, now)
+            if self._grant_once(pool_name, slot, work, now):
+                result.touch(work.key.rsplit("-", 1)[0], Priority.SHARDS)
         except StoreError as exc:
             log.warning("shard %s: not granted to %s this round: %s", work.key, slot, exc)
 
-    def _grant_once(self, pool_name: str, slot: str, work: Work, now: float) -> None:
+    def _grant_once(self, pool_name: str, slot: str, work: Work, now: float) -> bool:
         spec = ShardSpec.model_validate_json(self.store.get(work.spec_key))
         lease = grant_lease(self.store, work.lease_key, slot, now)
         # Granted, or done, failed or fenced since it was found waiting: waiting no longer.
         self._known_waiting.get(pool_name, set()).discard(work.key)
         if lease is None:
-            return
+            return False
         if lease.generation == 1 and work.since:
             metrics.SLOT_ASSIGNMENT_WAIT.labels(pool_name).observe(max(0.0, now - work.since))
         assignment = Assignment(
@@ -218,6 +236,7 @@ class SlotScheduler:
         )
         SlotChannel(self.store, keys.slot_prefix(pool_name, slot)).assign(assignment)
         metrics.SLOT_ASSIGNMENTS.labels(pool_name).inc()
+        return True
 
     async def _preempt(
         self,
@@ -241,6 +260,7 @@ class SlotScheduler:
 
         await self._io(take_back_all)
         for victim in victims:
+            result.touch(victim.key.rsplit("-", 1)[0], Priority.SHARDS)
             slot = holders[victim.key]
             result.events.append(
                 (

@@ -15,6 +15,7 @@ from llmbatch.controller.jobs import engine_args
 from llmbatch.core import keys, tiers
 from llmbatch.core.scheduling import QueuedShard
 from llmbatch.core.slots import SlotView
+from llmbatch.core.workqueue import Priority
 from llmbatch.storage.slotchannel import SlotChannel
 
 
@@ -90,6 +91,52 @@ class SlotRound:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     batch_events: list[tuple[dict[str, str], str, str]] = field(default_factory=list)
     """Warning Events for Batches: (the Batch's object reference, reason, message)."""
+    changed: dict[str, Priority] = field(default_factory=dict)
+    """Batches (by uid) whose shards this round saw change — granted, ended, lost, taken back
+    (SHARDS), or making progress (PROGRESS): the batches the round tells to reconcile."""
+
+    def touch(self, batch_uid: str, priority: Priority) -> None:
+        current = self.changed.get(batch_uid)
+        self.changed[batch_uid] = priority if current is None else min(current, priority)
+
+
+@dataclass
+class Look:
+    """The cheap part of a round: the pool's slots observed, what that found to report, and a
+    signature of what placement depends on — a round whose look has the signature of the last
+    full round, with no new work and nothing lost, has nothing to decide."""
+
+    slots: list[ObservedSlot]
+    result: SlotRound
+    signature: tuple[Any, ...]
+
+    @property
+    def urgent(self) -> bool:
+        """A slot is lost or outdated: the round must act on it."""
+        return any(s.lost is not None or s.outdated for s in self.slots)
+
+
+def slots_signature(slots: list[ObservedSlot]) -> tuple[Any, ...]:
+    """What placement depends on of the slots: which exist and may take work, what each holds
+    and what state each reports of it (not the progress counts)."""
+    signature = []
+    for s in sorted(slots, key=lambda slot: slot.name):
+        beat = s.heartbeat
+        reports = tuple(sorted((r.key, r.generation, r.state) for r in beat.shards)) if beat else ()
+        signature.append(
+            (
+                s.name,
+                s.lost is not None,
+                s.outdated,
+                s.draining,
+                s.unreadable,
+                beat.state if beat else None,
+                beat.concurrency if beat else None,
+                reports,
+                tuple(sorted(s.assignments)),
+            )
+        )
+    return tuple(signature)
 
 
 def work_key(batch_uid: str, shard_index: int) -> str:

@@ -23,15 +23,11 @@ from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.jobs import LABEL_SLOT, slot_revision
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.slotfleet import ANNOTATION_MODEL, ANNOTATION_REVISION, SlotFleet
-from llmbatch.controller.slotstate import (
-    ObservedSlot,
-    SlotRound,
-    Work,
-    job_ended,
-    pod_not_starting,
-)
+from llmbatch.controller.slotstate import ObservedSlot, SlotRound, job_ended, pod_not_starting
 from llmbatch.core import keys
+from llmbatch.core.ids import batch_object_name
 from llmbatch.core.slots import Liveness
+from llmbatch.core.workqueue import Priority
 from llmbatch.storage.base import ObjectStore
 from llmbatch.storage.slotchannel import HeartbeatReading, SlotChannel
 
@@ -69,6 +65,8 @@ class SlotObserver:
         """slot -> (when its pod was last looked into, what was found)."""
         self._reported: dict[str, set[str]] = {}
         """slot -> the messages already reported about it (each once)."""
+        self._counts: dict[str, dict[str, tuple[int, int, int]]] = {}
+        """pool -> assignment key -> (generation, completed, failed) its last look showed."""
 
     def liveness(self, pool_name: str) -> Liveness:
         if pool_name not in self._liveness:
@@ -86,12 +84,13 @@ class SlotObserver:
 
     def forget_pool(self, name: str) -> None:
         self._liveness.pop(name, None)
+        self._counts.pop(name, None)
 
     async def observe(
-        self, name: str, pool: BatchPoolSpec, work: dict[str, Work], now: float, result: SlotRound
+        self, name: str, pool: BatchPoolSpec, now: float, result: SlotRound
     ) -> list[ObservedSlot]:
-        """Every slot of the pool that is not being deleted: its Job, heartbeat, assignments
-        (``work``: the pool's unfinished shards, to name the batches an Event concerns)."""
+        """Every slot of the pool that is not being deleted: its Job, heartbeat, assignments;
+        the batches whose running shards made progress are touched in ``result``."""
         listed = await self.fleet.jobs(name, pool.worker_namespace, now)
         await self.fleet.sweep_orphans(name, {job["metadata"]["name"] for job in listed}, now)
         jobs = [job for job in listed if not job["metadata"].get("deletionTimestamp")]
@@ -106,8 +105,25 @@ class SlotObserver:
             self._observe(name, revisions, job, channel, reading, assignments, now, result)
             for job, channel, (reading, assignments) in zip(jobs, channels, reads, strict=True)
         ]
-        await self._look_into_unstarted(pool, slots, work, now, result)
+        await self._look_into_unstarted(pool, slots, now, result)
+        self._progress(name, slots, result)
         return slots
+
+    def _progress(self, pool_name: str, slots: list[ObservedSlot], result: SlotRound) -> None:
+        """Touch the batches whose running shards' counts moved since the last look (their
+        progress is folded without a round having to decide anything)."""
+        before = self._counts.get(pool_name, {})
+        now: dict[str, tuple[int, int, int]] = {}
+        for slot in slots:
+            beat = slot.heartbeat
+            for report in beat.shards if beat is not None else []:
+                assignment = slot.assignments.get(report.key)
+                if report.state != "running" or assignment is None:
+                    continue
+                now[report.key] = seen = (report.generation, report.completed, report.failed)
+                if before.get(report.key) != seen and report.completed + report.failed:
+                    result.touch(assignment.shard.batch_uid, Priority.PROGRESS)
+        self._counts[pool_name] = now
 
     def _observe(
         self,
@@ -187,12 +203,7 @@ class SlotObserver:
                 metrics.SLOT_SECONDS.labels(pool_name, state).inc(value - old)
 
     async def _look_into_unstarted(
-        self,
-        pool: BatchPoolSpec,
-        slots: list[ObservedSlot],
-        work: dict[str, Work],
-        now: float,
-        result: SlotRound,
+        self, pool: BatchPoolSpec, slots: list[ObservedSlot], now: float, result: SlotRound
     ) -> None:
         """Why slots without a heartbeat have not started, reported once per reason: a Warning
         Event on the pool, and on every batch with a shard assigned to the slot."""
@@ -209,20 +220,19 @@ class SlotObserver:
             found = next((why for pod in pods if (why := pod_not_starting(pod))), None)
             self._looked_into[slot.name] = (now, found)
             if found and self._once(slot.name, found):
-                self._report_unstarted(slot, found, work, result)
+                self._report_unstarted(slot, found, result)
 
     @staticmethod
-    def _report_unstarted(
-        slot: ObservedSlot, found: str, work: dict[str, Work], result: SlotRound
-    ) -> None:
+    def _report_unstarted(slot: ObservedSlot, found: str, result: SlotRound) -> None:
         message = f"Slot {slot.name} has not started: {found}"[:1024]
         result.events.append(("Warning", "SlotNotStarting", message))
         refs: dict[str, dict[str, str]] = {}
-        for key, assignment in slot.assignments.items():
-            item = work.get(key)
-            if item is not None:
-                namespace, _, name = item.queued.batch.partition("/")
-                uid = assignment.shard.batch_uid
-                refs[uid] = {"namespace": namespace, "name": name, "uid": uid}
+        for assignment in slot.assignments.values():
+            shard = assignment.shard
+            refs[shard.batch_uid] = {
+                "namespace": keys.namespace_of_shard_prefix(shard.output_prefix),
+                "name": batch_object_name(shard.batch_id),
+                "uid": shard.batch_uid,
+            }
         for ref in refs.values():
             result.batch_events.append((ref, "SlotNotStarting", message))

@@ -52,6 +52,11 @@ def shard_spec_key(namespace: str, batch_uid: str, shard_index: int) -> str:
     return f"{shard_prefix(namespace, batch_uid, shard_index)}/spec.json"
 
 
+def namespace_of_shard_prefix(prefix: str) -> str:
+    """The tenant namespace of a shard's output prefix (:func:`shard_prefix`)."""
+    return prefix.split("/")[1]
+
+
 def shard_lease_key(shard_output_prefix: str) -> str:
     """The lease (fencing token) beside a shard's results: only its holder commits chunks."""
     return f"{shard_output_prefix}/lease.json"

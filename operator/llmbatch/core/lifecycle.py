@@ -13,6 +13,29 @@ from llmbatch.core.ids import batch_request_id
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 ACTIVE = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
 
+#: The Batch lifecycle, the one table of it: phase before (None: a batch with no status yet) →
+#: the phases it may move to. Terminal phases absorb: nothing leaves them, so a finished batch
+#: is never merged, published, settled or announced again, whatever view of it a step holds.
+PHASE_TRANSITIONS: dict[str | None, frozenset[str]] = {
+    None: frozenset({"validating"}),
+    "validating": frozenset({"in_progress", "failed", "cancelled", "expired"}),
+    "in_progress": frozenset({"finalizing", "cancelling"}),
+    "finalizing": frozenset({"completed", "expired", "failed"}),
+    "cancelling": frozenset({"cancelled"}),
+    **{phase: frozenset() for phase in TERMINAL},
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A step tried a phase change the lifecycle does not have (a bug, or a stale view)."""
+
+
+def check_transition(before: str | None, after: str) -> None:
+    """Raise :class:`IllegalTransition` unless ``before`` → ``after`` is in the table."""
+    if after not in PHASE_TRANSITIONS.get(before, frozenset()):
+        raise IllegalTransition(f"a batch cannot go from {before or 'new'} to {after}")
+
+
 NEVER_RUN_MESSAGES: dict[str, str] = {
     "batch_expired": "This request could not be executed before the completion window expired.",
     "batch_cancelled": "This request was not executed because the batch was cancelled.",

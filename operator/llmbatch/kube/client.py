@@ -250,6 +250,42 @@ class KubeClient:
             raise
         return True
 
+    async def patch_custom_status_at(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        resource_version: str | None,
+    ) -> dict[str, Any] | None:
+        """Merge-patch the status subresource of the object as it was at ``resource_version``
+        (optimistic concurrency: the API server refuses a patch of a newer object).
+
+        The object written; :class:`Conflict` when it changed since that version; None when
+        it is gone."""
+        body = dict(patch)
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            written: dict[str, Any] = await self.call(
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                body,
+                _content_type=_MERGE_PATCH,
+                retry_5xx=False,
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(name) from exc
+            if exc.status == 404:
+                return None
+            raise
+        return written
+
     async def replace_custom_status(
         self, plural: str, namespace: str, name: str, body: dict[str, Any]
     ) -> dict[str, Any] | None:

@@ -33,6 +33,9 @@ from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 
+#: While slots still flush a stopping batch's shards, it looks again this often.
+FLUSH_RECHECK_SECONDS = 1.0
+
 log = logging.getLogger("llmbatch.controller.batches")
 
 
@@ -100,7 +103,8 @@ class Finalization(PhaseDeps):
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         if not await self._stop_shards(batch):
-            return  # slots still flushing the batch's shards; next round
+            step.again(now + FLUSH_RECHECK_SECONDS)  # slots still flushing the batch's shards
+            return
         pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
         merged = await self._merge(batch)
         await self._publish(batch, merged, pool, now)

@@ -1,10 +1,10 @@
 """The Batch reconciler: one idempotent step per call, all state on the object.
 
 ``BatchReconciler.step`` reads the Batch (typed, once) and the store, takes the next step
-of the lifecycle and returns the typed status patch plus the Events to post. A kopf timer calls it
-every few seconds (level-based), and create/cancel handlers call it at once (edge-triggered
-speed-up), so a restarted operator simply continues: nothing is kept in memory but throttling
-timestamps. Each phase lives in its own module: ``validate``, ``run``, ``finalize``.
+of the lifecycle and returns the typed status patch plus the Events to post. The work queue
+(``controller.batchwork``) calls it when the batch or its shards change, at the times a step asks
+for, and on a slow resync; a restarted operator simply continues: nothing is kept in memory but
+throttling timestamps. Each phase lives in its own module: ``validate``, ``run``, ``finalize``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from llmbatch.api.resources import BatchBilling, BatchPoolSpec, Phase, RequestCounts
-from llmbatch.controller import metrics
 from llmbatch.controller.batches.finalize import Finalization
 from llmbatch.controller.batches.gputime import gpu_time_charge
 from llmbatch.controller.batches.run import ShardRuns
@@ -34,8 +33,6 @@ from llmbatch.controller.poolcatalog import PoolCatalog
 from llmbatch.core import keys, lifecycle, tiers
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.storage.base import ObjectStore, delete_under
-
-STALE_BODY_SECONDS = 30.0
 
 #: Phases a step goes on from at once, on the status it has just decided.
 CHAINED = frozenset({Phase.VALIDATING, Phase.IN_PROGRESS, Phase.FINALIZING, Phase.CANCELLING})
@@ -64,17 +61,15 @@ class BatchReconciler:
         self.validation = Validation(kube, store, self.credits, self.pool_catalog, clock)
         self.runs = ShardRuns(kube, store, config, self.pool)
         self.finalization = Finalization(kube, store, config, self.pool)
-        # uid -> (phase we patched, when): a trigger that still sees the old phase holds a stale
-        # body (kopf applies patches after the handler returns) and must not act on it.
-        self._patched_phase: dict[str, tuple[Phase | None, float]] = {}
         self._pools: dict[str, tuple[float, BatchPoolSpec | None]] = {}  # name -> (read at, spec)
+        self._pool_reads: dict[str, asyncio.Future[BatchPoolSpec | None]] = {}
 
     async def pool(self, name: str | None) -> BatchPoolSpec | None:
         """The spec of BatchPool ``name``, or None when there is none (deleted).
 
-        Read at most once per reconcile interval per pool: every running batch asks for its
-        pool on every step, and a few hundred batches would otherwise read one object from the
-        API server a hundred times a second. An edit or a deletion is seen an interval later.
+        Read at most once per reconcile interval per pool, and by one call at a time (the
+        reconciles of many batches asking at once share it): every running batch asks for its
+        pool on every step. An edit or a deletion is seen an interval later.
         """
         if not name:
             return None
@@ -82,10 +77,18 @@ class BatchReconciler:
         cached = self._pools.get(name)
         if cached is not None and now - cached[0] < self.config.reconcile_interval:
             return cached[1]
-        body = await self.kube.get_custom("batchpools", None, name)
-        spec = None if body is None else BatchPoolSpec.model_validate(body.get("spec") or {})
+        reading = self._pool_reads.get(name)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read_pool(name))
+            self._pool_reads[name] = reading
+            reading.add_done_callback(lambda _: self._pool_reads.pop(name, None))
+        spec = await asyncio.shield(reading)
         self._pools[name] = (now, spec)
         return spec
+
+    async def _read_pool(self, name: str) -> BatchPoolSpec | None:
+        body = await self.kube.get_custom("batchpools", None, name)
+        return None if body is None else BatchPoolSpec.model_validate(body.get("spec") or {})
 
     # --- entry point ---------------------------------------------------------------------------
 
@@ -93,11 +96,6 @@ class BatchReconciler:
         batch = BatchView.parse(body)
         now = self.clock()
         step = Step()
-        expected = self._patched_phase.get(batch.uid)
-        if expected is not None:
-            if expected[0] != batch.status.status and now - expected[1] < STALE_BODY_SECONDS:
-                return step
-            del self._patched_phase[batch.uid]
         await self._dispatch(batch, step, now)
         while step.phase in CHAINED and step.phase != batch.status.status:
             # A batch just created is validated in the same step, one just accepted has its
@@ -110,8 +108,6 @@ class BatchReconciler:
         if step.phase in TERMINAL:
             await self._settle(batch, step, now)
             self.runs.forget(batch.uid)
-        if step.has("status"):
-            self._patched_phase[batch.uid] = (step.phase, now)
         return step
 
     async def _dispatch(self, batch: BatchView, step: Step, now: float) -> None:
@@ -155,8 +151,9 @@ class BatchReconciler:
         if batch.spec.model:
             step.set(model=batch.spec.model)
         set_condition(step, batch, "Ready", False, "Validating", "Validating the input", now)
-        step.event("Accepted", f"Batch {batch_id_from_name(batch.name)} accepted; validating")
-        metrics.BATCH_TRANSITIONS.labels(Phase.VALIDATING.value).inc()
+        message = f"Batch {batch_id_from_name(batch.name)} accepted; validating"
+        step.event("Accepted", message)
+        step.transitions.append((Phase.VALIDATING, "Accepted", message))
 
     def _finish_without_running(
         self, batch: BatchView, step: Step, now: float, phase: Phase
@@ -207,7 +204,6 @@ class BatchReconciler:
 
         await asyncio.to_thread(remove)
         self.runs.forget(batch.uid)
-        self._patched_phase.pop(batch.uid, None)
 
     async def _release_on_delete(self, batch: BatchView) -> None:
         """A batch deleted before it ended gives its reservation back; on a private pool the

@@ -55,6 +55,8 @@ class ShardRuns(PhaseDeps):
             )
             return
         await self._fold_progress(batch, step, shards, now)
+        if batch.status.expires_at:
+            step.again(float(batch.status.expires_at))
 
     async def _track(
         self, batch: BatchView, step: Step, pool: BatchPoolSpec, shard: ShardStatus
@@ -143,6 +145,7 @@ class ShardRuns(PhaseDeps):
         """Fold the shards' progress records into the counts and usage (throttled)."""
         last = self._last_progress.get(batch.uid, 0.0)
         if not force and now - last < self.config.progress_interval:
+            step.again(last + self.config.progress_interval)
             return
         self._last_progress[batch.uid] = now
         counts = RequestCounts(total=(batch.status.request_counts or RequestCounts()).total)

@@ -78,6 +78,17 @@ class Step:
     patch: BatchStatus = field(default_factory=BatchStatus)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     """(type, reason, message) — type is Normal or Warning."""
+    transitions: list[tuple[Phase, str, str]] = field(default_factory=list)
+    """(phase, reason, message) of every phase change this step decided: logged and counted
+    once its patch has landed (:func:`announce`), so a step refused on a changed object
+    announces nothing."""
+    requeue_at: float | None = None
+    """When the batch wants its next step although nothing changes (its expiry, a throttled
+    progress fold, slots still flushing): the work queue's ``RequeueAfter``."""
+
+    def again(self, when: float) -> None:
+        """Ask for a step at ``when`` (the earliest of what the phases ask for wins)."""
+        self.requeue_at = when if self.requeue_at is None else min(self.requeue_at, when)
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(("Warning" if warning else "Normal", reason, message))
@@ -158,11 +169,20 @@ def set_condition(
 def transition(
     step: Step, batch: BatchView, phase: Phase, now: float, reason: str, message: str
 ) -> None:
-    """Move the batch to ``phase``: its timestamp, the Ready condition, an Event, a metric."""
+    """Move the batch to ``phase``: its timestamp, the Ready condition, an Event, a metric. Only
+    the moves of ``core.lifecycle.PHASE_TRANSITIONS`` are allowed (terminal phases absorb)."""
+    before = step.phase if step.has("status") else batch.status.status
+    lifecycle.check_transition(None if before is None else str(before), phase.value)
     step.set(status=phase)
     if phase in PHASE_STAMP:
         step.set(**{PHASE_STAMP[phase]: int(now)})
     set_condition(step, batch, "Ready", phase in TERMINAL, reason, message, now)
     step.event(reason, message, warning=phase in (Phase.FAILED, Phase.EXPIRED))
-    metrics.BATCH_TRANSITIONS.labels(phase.value).inc()
-    log.info("batch %s/%s → %s (%s): %s", batch.namespace, batch.name, phase, reason, message)
+    step.transitions.append((phase, reason, message))
+
+
+def announce(namespace: str, name: str, step: Step) -> None:
+    """Log and count the phase changes of a step whose patch has landed."""
+    for phase, reason, message in step.transitions:
+        metrics.BATCH_TRANSITIONS.labels(phase.value).inc()
+        log.info("batch %s/%s → %s (%s): %s", namespace, name, phase, reason, message)

@@ -1,0 +1,93 @@
+"""The operator's view of the Batches it serves: fed by the watch and by its own writes.
+
+Read-your-writes: a step's status patch answers with the object written, which goes into the
+cache at once, and a watch event older than what the cache holds (by ``resourceVersion``) is
+ignored. So a step never sees a Batch older than the operator's own last write — the view that
+made a backlogged operator re-validate a batch eighteen times and re-finalise completed ones
+(#30). Bodies are kept slim: no ``managedFields`` and no copy of the spec kopf writes into an
+annotation.
+
+Resource versions are compared as integers: Kubernetes calls them opaque, but every API server
+backed by etcd (all of them) hands out etcd's revision, which only grows; one that is not an
+integer is taken as news.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+KOPF_DIFFBASE = "llmbatch.io/last-handled-configuration"
+"""kopf's copy of the spec as it last handled it (written for the on.create/on.field handlers
+the operator had before its work queue)."""
+
+
+def resource_version(body: dict[str, Any]) -> int | None:
+    raw = str((body.get("metadata") or {}).get("resourceVersion") or "")
+    return int(raw) if raw.isdigit() else None
+
+
+def slim(body: dict[str, Any]) -> dict[str, Any]:
+    """What a step needs of a Batch: metadata without managedFields or kopf's spec copy, the
+    spec, the status (a deep copy: the cache's bodies are never changed in place)."""
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != KOPF_DIFFBASE}
+    if annotations or "annotations" in meta:
+        meta["annotations"] = annotations
+    return copy.deepcopy(
+        {"metadata": meta, "spec": body.get("spec") or {}, "status": body.get("status") or {}}
+    )
+
+
+class BatchCache:
+    """Batches by uid, never older than the newest version seen or written."""
+
+    def __init__(self) -> None:
+        self._bodies: dict[str, dict[str, Any]] = {}
+        self._by_namespace: dict[str, set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+    def observe(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+        """Take a body the watch shows: (the body cached before, whether this one is newer —
+        an event older than the operator's own last write is not)."""
+        uid = body["metadata"]["uid"]
+        before = self._bodies.get(uid)
+        if before is not None and not _newer(body, before):
+            return before, False
+        self._keep(uid, body)
+        return before, True
+
+    def put(self, body: dict[str, Any]) -> None:
+        """The object as this operator just wrote (or read) it."""
+        uid = body["metadata"]["uid"]
+        before = self._bodies.get(uid)
+        if before is None or _newer(body, before):
+            self._keep(uid, body)
+
+    def _keep(self, uid: str, body: dict[str, Any]) -> None:
+        kept = self._bodies[uid] = slim(body)
+        self._by_namespace.setdefault(kept["metadata"].get("namespace") or "", set()).add(uid)
+
+    def get(self, uid: str) -> dict[str, Any] | None:
+        body = self._bodies.get(uid)
+        return None if body is None else copy.deepcopy(body)
+
+    def drop(self, uid: str) -> None:
+        body = self._bodies.pop(uid, None)
+        if body is not None:
+            self._by_namespace.get(body["metadata"].get("namespace") or "", set()).discard(uid)
+
+    def all(self) -> list[dict[str, Any]]:
+        """Every cached Batch (not copies: read only)."""
+        return list(self._bodies.values())
+
+    def in_namespace(self, namespace: str) -> list[dict[str, Any]]:
+        """The cached Batches of one namespace (not copies: read only)."""
+        return [self._bodies[uid] for uid in self._by_namespace.get(namespace, ())]
+
+
+def _newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
+    new, old = resource_version(body), resource_version(than)
+    return new is None or old is None or new > old

@@ -1,0 +1,296 @@
+"""Batches reconciled as they change, through one work queue (``core.workqueue``).
+
+A Batch is reconciled when its object changes (the watch, through :meth:`BatchWork.notice`),
+when something about its shards changes (the pool round, :meth:`BatchWork.push`), at a time it
+asked for (its expiry, a throttled progress fold, slots still flushing: ``Step.requeue_at``), or
+by a slow jittered resync — never by a timer per batch, so a deep backlog of batches nothing
+happens to costs nothing. Cancels and new batches (expedited first) go ahead of progress folds
+and resyncs; a failed reconcile is retried with backoff.
+
+A worker reads the batch from the cache (``BatchCache``: never older than this operator's own
+last write), takes one step, and writes the status patch itself with the ``resourceVersion`` of
+the body it stepped on as a precondition: a step on a body someone else changed meanwhile is
+refused (409), the batch is read again and stepped again. Events are posted only after their
+patch landed, so a refused step announces nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from llmbatch import logs
+from llmbatch.api.resources import API_VERSION
+from llmbatch.controller.batchcache import BatchCache
+from llmbatch.controller.batches import BatchReconciler, Step
+from llmbatch.controller.batches.step import announce
+from llmbatch.controller.kube import Kube
+from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.lifecycle import TERMINAL
+from llmbatch.core.tiers import TIER_RANK, tier_of
+from llmbatch.core.workqueue import Priority, WorkQueue
+from llmbatch.kube import Conflict
+
+log = logging.getLogger("llmbatch.controller.batches")
+
+COMPONENT = "llmbatch-operator"
+#: Phases whose batches are stopping: their shards are being taken back and merged.
+STOPPING = frozenset({"finalizing", "cancelling"})
+
+
+def change_priority(
+    before: dict[str, Any] | None, after: dict[str, Any], *, initial: bool
+) -> Priority | None:
+    """How soon a Batch the watch shows changed (and newer than the cache had) needs a step;
+    None when it needs none (a terminal batch). ``initial``: kopf's listing at start."""
+    status = after.get("status") or {}
+    phase = status.get("status")
+    if phase in TERMINAL:
+        return None
+    spec = after.get("spec") or {}
+    if spec.get("cancel") and phase not in STOPPING:
+        return Priority.URGENT
+    if phase in (None, "validating"):
+        return Priority.ADMIT
+    generation = (after.get("metadata") or {}).get("generation")
+    if before is not None and generation != (before.get("metadata") or {}).get("generation"):
+        return Priority.ADMIT
+    if phase in STOPPING:
+        return Priority.SHARDS
+    return Priority.RESYNC if initial else Priority.SHARDS
+
+
+def tier_rank(body: dict[str, Any]) -> int:
+    spec = body.get("spec") or {}
+    return TIER_RANK[tier_of(spec.get("priority"), spec.get("metadata"))]
+
+
+class BatchWork:
+    """The operator's batch work: a queue, a cache, and the workers that drain them."""
+
+    def __init__(
+        self,
+        reconciler: BatchReconciler,
+        kube: Kube,
+        *,
+        resync_seconds: float,
+        startup_spread_seconds: float,
+        served: Callable[[str], bool] = lambda _: True,
+        on_step: Callable[[dict[str, Any], Step, dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.reconciler = reconciler
+        self.kube = kube
+        self.resync_seconds = resync_seconds
+        self.startup_spread_seconds = startup_spread_seconds
+        self.served = served
+        self.on_step = on_step
+        """Called after each step with (the body stepped on, the step, its status patch)."""
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.queue: WorkQueue[str] = WorkQueue(rng=self.rng)
+        self.cache = BatchCache()
+        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._priority: dict[str, Priority] = {}
+        self._wake = asyncio.Event()
+        self._started = clock()
+        self.steps = 0
+        """Steps taken since start (for tests and benchmarks)."""
+
+    # --- what makes a batch due ----------------------------------------------------------------
+
+    def notice(self, body: dict[str, Any], *, initial: bool = False, deleted: bool = False) -> None:
+        """A watch event of a Batch (``initial``: from kopf's listing at start)."""
+        uid = body["metadata"]["uid"]
+        if deleted:
+            self.forget(uid)
+            return
+        if not self.served(body["metadata"].get("namespace") or ""):
+            return
+        before, news = self.cache.observe(body)
+        if not news:
+            return  # the echo of this operator's own write, or older
+        priority = change_priority(before, body, initial=initial)
+        if priority is None:
+            return
+        now = self.clock()
+        due = now
+        if initial and priority is Priority.RESYNC:  # a restart: no herd of thousands at once
+            due = now + self.rng.uniform(0, self.startup_spread_seconds)
+        self._add(uid, priority, due, tier_rank(body))
+
+    def push(self, uid: str, priority: Priority, due: float | None = None) -> None:
+        """Something about the batch's shards changed (the pool round) or it asked for a time."""
+        body = self.cache.get(uid)
+        if body is None:
+            return
+        self._add(uid, priority, self.clock() if due is None else due, tier_rank(body))
+
+    def push_pool(self, pool: str, after: float = 0.0) -> None:
+        """The batches running on ``pool`` need a step (it was deleted under them)."""
+        due = self.clock() + after
+        for body in self.cache.all():
+            status = body.get("status") or {}
+            if status.get("pool") == pool and status.get("status") not in TERMINAL:
+                self._add(body["metadata"]["uid"], Priority.SHARDS, due, tier_rank(body))
+
+    def forget(self, uid: str) -> None:
+        self.queue.forget(uid)
+        self.cache.drop(uid)
+        self._priority.pop(uid, None)
+        self.locks.pop(uid, None)
+
+    def _add(self, uid: str, priority: Priority, due: float, rank: int) -> None:
+        self.queue.add(uid, priority, self.clock(), due=due, tier_rank=rank)
+        best = self._priority.get(uid)
+        self._priority[uid] = priority if best is None else min(best, priority)
+        self._wake.set()
+
+    def all_batches(self) -> list[dict[str, Any]] | None:
+        """Every cached Batch (read only), once the watch's first listing is surely in it."""
+        if self.clock() - self._started < self.startup_spread_seconds:
+            return None
+        return self.cache.all()
+
+    def batches_of(self, namespace: str) -> list[dict[str, Any]] | None:
+        """The namespace's Batches from the cache, once the watch's first listing is surely in
+        it (after the startup spread); None before (the caller lists them)."""
+        if self.clock() - self._started < self.startup_spread_seconds:
+            return None
+        return self.cache.in_namespace(namespace)
+
+    # --- the workers ---------------------------------------------------------------------------
+
+    async def run(self, workers: int, stop: asyncio.Event) -> None:
+        """Drain the queue with ``workers`` concurrent reconciles until ``stop`` is set."""
+        tasks = [asyncio.create_task(self._worker(stop)) for _ in range(workers)]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def run_due(self) -> int:
+        """Reconcile, one at a time, every batch due now (and what that makes due); the number
+        of reconciles. The workers' loop without the waiting: for tests and tools."""
+        count = 0
+        while (uid := self.queue.pop(self.clock())) is not None:
+            await self._work_on(uid)
+            count += 1
+        return count
+
+    async def _worker(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            uid = self.queue.pop(self.clock())
+            if uid is None:
+                await self._idle()
+                continue
+            await self._work_on(uid)
+            if self.queue.next_due() is not None:
+                self._wake.set()
+
+    async def _work_on(self, uid: str) -> None:
+        """One reconcile of a key the queue handed out; a failure is retried after backoff."""
+        priority = self._priority.pop(uid, Priority.RESYNC)
+        try:
+            await self._reconcile(uid, priority)
+        except Exception:
+            delay = self.queue.failed(uid, self.clock(), priority)
+            self._priority[uid] = min(self._priority.get(uid, priority), priority)
+            log.exception("batch %s: reconcile failed; again in %.1f s", uid, delay)
+        else:
+            self.queue.done(uid, self.clock())
+
+    async def _idle(self) -> None:
+        """Wait until a key is added or the next one becomes due."""
+        self._wake.clear()
+        due = self.queue.next_due()
+        timeout = None if due is None else max(0.0, due - self.clock())
+        if timeout == 0.0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _reconcile(self, uid: str, priority: Priority) -> None:
+        body = self.cache.get(uid)
+        if body is None:
+            return
+        meta = body["metadata"]
+        name = str(meta.get("name") or "")
+        logs.bind_context(
+            batch_id=batch_id_from_name(name) if name.startswith("batch-") else None,
+            tenant=meta.get("namespace"),
+        )
+        async with self.locks[uid]:
+            step = await self.reconciler.step(body)
+            self.steps += 1
+            patch = step.to_patch()
+            try:
+                await self._write(body, patch)
+            except Conflict:
+                await self._reread(body)
+                self._add(uid, priority, self.clock(), tier_rank(body))
+                return
+        await self._announce(body, step)
+        if self.on_step is not None:
+            self.on_step(body, step, patch)
+        self._schedule(uid, body, step)
+
+    async def _write(self, body: dict[str, Any], patch: dict[str, Any]) -> None:
+        """The step's status patch, on the version it was decided on; the result cached."""
+        if not patch:
+            return
+        meta = body["metadata"]
+        written = await self.kube.patch_custom_status_at(
+            "batches",
+            meta["namespace"],
+            meta["name"],
+            {"status": patch},
+            meta.get("resourceVersion"),
+        )
+        if written is not None:
+            self.cache.put(written)
+
+    async def _reread(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        fresh = await self.kube.get_custom("batches", meta["namespace"], meta["name"])
+        if fresh is None:
+            self.forget(meta["uid"])
+        else:
+            self.cache.put(fresh)
+
+    async def _announce(self, body: dict[str, Any], step: Step) -> None:
+        """The step's patch landed: its phase changes are logged and counted, its Events
+        posted."""
+        meta = body["metadata"]
+        announce(meta["namespace"], meta["name"], step)
+        involved = {
+            "apiVersion": API_VERSION,
+            "kind": "Batch",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+        }
+        for event_type, reason, message in step.events:
+            await self.kube.post_event(
+                involved, reason, message, warning=event_type == "Warning", component=COMPONENT
+            )
+
+    def _schedule(self, uid: str, body: dict[str, Any], step: Step) -> None:
+        """The times the batch asked for, and its safety resync while it is not finished."""
+        phase = step.phase or (body.get("status") or {}).get("status")
+        if phase in TERMINAL:
+            return
+        now = self.clock()
+        if step.requeue_at is not None:
+            self._add(uid, Priority.SHARDS, max(now, step.requeue_at), tier_rank(body))
+        resync = self.resync_seconds * self.rng.uniform(0.8, 1.2)
+        self._add(uid, Priority.RESYNC, now + resync, tier_rank(body))
