@@ -23,6 +23,7 @@ from llmbatch.core import keys
 from llmbatch.core.ids import batch_object_name
 from llmbatch.storage import open_store
 from tests.fixtures.gateway import GatewayProcess, Tenant, auth, wait_for_key
+from tests.fixtures.operator import paused_operators
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -269,6 +270,11 @@ def test_idempotency_key(tenant: Tenant) -> None:
 
 
 def test_cancel(tenant: Tenant, gateway_process: GatewayProcess) -> None:
+    with paused_operators():  # this test plays the operator
+        cancel_as_the_operator_lets_it(tenant, gateway_process)
+
+
+def cancel_as_the_operator_lets_it(tenant: Tenant, gateway_process: GatewayProcess) -> None:
     client = tenant.client()
     batch = create(client, upload(client, jsonl([line(1)])))
     patch_status(
