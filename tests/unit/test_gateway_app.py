@@ -95,19 +95,23 @@ def test_settings_from_the_environment() -> None:
     base = {"LLMBATCH_STORE_URI": "file:///s"}
     default = GatewaySettings.from_env(base)
     assert (default.metrics_port, default.metrics_host, default.docs) == (9090, "0.0.0.0", False)
+    assert default.list_resync_seconds == 600
     custom = GatewaySettings.from_env(
         {
             **base,
             "LLMBATCH_GATEWAY_METRICS_PORT": "0",
             "LLMBATCH_GATEWAY_METRICS_HOST": "127.0.0.1",
             "LLMBATCH_GATEWAY_DOCS": "true",
+            "LLMBATCH_GATEWAY_LIST_RESYNC_SECONDS": "120",
         }
     )
     assert (custom.metrics_port, custom.metrics_host, custom.docs) == (0, "127.0.0.1", True)
+    assert custom.list_resync_seconds == 120
     for name, value in (
         ("LLMBATCH_GATEWAY_METRICS_PORT", "65536"),
         ("LLMBATCH_GATEWAY_METRICS_PORT", "-1"),
         ("LLMBATCH_GATEWAY_DOCS", "maybe"),
+        ("LLMBATCH_GATEWAY_LIST_RESYNC_SECONDS", "5"),
     ):
         with pytest.raises(ValueError, match=name):
             GatewaySettings.from_env({**base, name: value})

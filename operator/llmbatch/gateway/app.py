@@ -22,10 +22,14 @@ from llmbatch.gateway.auth import KeyRing, KeyWatcher
 from llmbatch.gateway.deps import Gateway, state_of
 from llmbatch.gateway.errors import install_handlers
 from llmbatch.gateway.kube import GatewayKube, KubeAPI
+from llmbatch.gateway.listcache import Listings
 from llmbatch.gateway.readcache import ReadCache
 from llmbatch.gateway.routes import ROUTERS
 from llmbatch.gateway.settings import GatewaySettings
 from llmbatch.storage import ObjectStore, open_store
+
+FIRST_SYNC_WAIT_SECONDS = 10.0
+"""How long the start waits for the keys and the listing caches before serving anyway."""
 
 
 def create_app(
@@ -69,8 +73,11 @@ def create_app(
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz(request: Request) -> Response:
-        if not state_of(request).keyring.loaded:
+        gw = state_of(request)
+        if not gw.keyring.loaded:
             return Response(b'{"status":"keys not loaded"}', 503, media_type="application/json")
+        if not gw.lists.synced:
+            return Response(b'{"status":"lists not synced"}', 503, media_type="application/json")
         return Response(b'{"status":"ok"}', media_type="application/json")
 
     app.add_middleware(metrics.MetricsMiddleware)
@@ -82,21 +89,30 @@ def create_app(
 async def _serving(
     app: FastAPI, cfg: GatewaySettings, kube: KubeAPI | None, store: ObjectStore | None
 ) -> AsyncIterator[None]:
-    """The gateway's state for the app's lifetime: API client, store, key ring and its watch."""
+    """The gateway's state for the app's lifetime: API client, store, key ring and its watch,
+    the listing caches and theirs."""
     kube_api: KubeAPI = kube or await GatewayKube.connect(cfg.kubeconfig)
     ring = KeyRing()
     metrics.count_keys(ring)
+    lists = Listings.of(kube_api, cfg.list_resync_seconds)
     app.state.gateway = Gateway(
         cfg,
         kube_api,
         metrics.instrument_store(store or open_store(cfg.store_uri)),
         ring,
         ReadCache(kube_api, cfg.read_cache_seconds),
+        lists,
     )
     watcher = KeyWatcher(kube_api, cfg.gateway_namespace, ring, cfg.key_resync_seconds)
     watcher.start()
+    lists.start()
+    # Until the lists are synced the list routes ask the API server, as before the caches, and
+    # /readyz says not ready: a slow first listing holds up the start for a while, not forever.
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(watcher.first_sync.wait(), timeout=10)
+        await asyncio.wait_for(
+            asyncio.gather(watcher.first_sync.wait(), lists.wait_synced()),
+            timeout=FIRST_SYNC_WAIT_SECONDS,
+        )
     # The imported modules (the Kubernetes client's models above all) are ~100k long-lived
     # objects; moving them out of the collector's view keeps full collections from pausing
     # requests for tens of milliseconds.
@@ -105,6 +121,7 @@ async def _serving(
     try:
         yield
     finally:
+        await lists.stop()
         await watcher.stop()
         if kube is None:
             await kube_api.close()

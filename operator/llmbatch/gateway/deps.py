@@ -13,6 +13,7 @@ from llmbatch.gateway import metrics
 from llmbatch.gateway.auth import KeyRing, Principal
 from llmbatch.gateway.errors import APIError, unauthorized
 from llmbatch.gateway.kube import KubeAPI
+from llmbatch.gateway.listcache import Listings
 from llmbatch.gateway.readcache import ReadCache
 from llmbatch.gateway.settings import GatewaySettings
 from llmbatch.storage import ObjectStore
@@ -27,6 +28,7 @@ class Gateway:
     store: ObjectStore
     keyring: KeyRing
     reads: ReadCache
+    lists: Listings
 
 
 def state_of(request: Request) -> Gateway:

@@ -16,15 +16,31 @@ from typing import Any, Protocol
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from llmbatch.api.resources import GROUP, VERSION
 from llmbatch.gateway.errors import APIError
 from llmbatch.kube import Conflict, KubeClient
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Conflict", "GatewayKube", "KubeAPI", "decode_secret_data", "upstream"]
+__all__ = [
+    "Conflict",
+    "GatewayKube",
+    "KubeAPI",
+    "WatchExpired",
+    "decode_secret_data",
+    "upstream",
+]
 
 KEY_LABEL = "llmbatch.io/api-key"
 TIMEOUT = 15  # seconds per API call; a hung API server becomes a 503, never a hung request
+LIST_PAGE = 500  # objects per page of a cluster-wide listing (one page in memory at a time)
+WATCH_SLACK = 30
+"""Seconds a watch may outlive its server-side timeout before the client gives up on it: a
+connection that went silent (a stalled proxy, a half-open socket) ends instead of hanging."""
+
+
+class WatchExpired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again, then watch from there."""
 
 
 def upstream(exc: ApiException, what: str) -> APIError:
@@ -67,6 +83,14 @@ class KubeAPI(Protocol):
 
     def watch_key_secrets(
         self, namespace: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
+    def list_cluster_pages(
+        self, plural: str
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]: ...
+
+    def watch_cluster(
+        self, plural: str, resource_version: str, timeout_seconds: int
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
 
     async def close(self) -> None: ...
@@ -161,6 +185,59 @@ class GatewayKube:
     async def list_pools(self) -> list[dict[str, Any]]:
         with _upstream("list batchpools"):
             return await self.kube.list_custom("batchpools")
+
+    # --- list + watch of a kind in every namespace (the listing cache) --------------------------
+
+    async def list_cluster_pages(
+        self, plural: str
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """Every object of a kind, a page at a time, each with the listing's resourceVersion
+        (the snapshot every page belongs to: a watch from it misses nothing)."""
+        token: str | None = None
+        version = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": LIST_PAGE}
+            if token:
+                kwargs["_continue"] = token
+            page = await self.kube.call_json(
+                self.kube.custom.list_cluster_custom_object, GROUP, VERSION, plural, **kwargs
+            )
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            yield list(page.get("items") or []), version
+            token = meta.get("continue")
+            if not token:
+                return
+
+    async def watch_cluster(
+        self, plural: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """ADDED / MODIFIED / DELETED / BOOKMARK events of a kind in every namespace, until the
+        server-side timeout ends the watch; :class:`WatchExpired` on 410 Gone."""
+        watcher = watch.Watch()
+        try:
+            async with watcher.stream(
+                self.kube.custom.list_cluster_custom_object,
+                GROUP,
+                VERSION,
+                plural,
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+                # Bookmarks move the resourceVersion on while nothing changes, so the next
+                # watch can resume from it instead of meeting 410 and listing everything again.
+                allow_watch_bookmarks=True,
+                _request_timeout=timeout_seconds + WATCH_SLACK,
+            ) as stream:
+                async for event in stream:
+                    raw = event.get("raw_object")
+                    if isinstance(raw, dict):
+                        yield str(event.get("type")), raw
+        except ApiException as exc:
+            if exc.status == 410:
+                raise WatchExpired(f"{plural} at {resource_version}: {exc.reason}") from exc
+            raise
+        finally:
+            await watcher.close()
 
     # --- core ----------------------------------------------------------------------------------
 

@@ -244,6 +244,17 @@ def paginate(
     return page, start + limit < len(items)
 
 
+def list_envelope(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """The list envelope of objects already in wire form: :func:`list_page`, dumped."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
 def list_page(data: list[T], has_more: bool, ident: Callable[[T], str]) -> ListPage[T]:
     return ListPage[T](
         data=data,

@@ -75,6 +75,9 @@ class GatewaySettings:
     """``LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS``: full re-list period of the key Secrets."""
     read_cache_seconds: float = 1.0
     """``LLMBATCH_GATEWAY_READ_CACHE_SECONDS``: serve batch/file reads this recent (0: off)."""
+    list_resync_seconds: int = 600
+    """``LLMBATCH_GATEWAY_LIST_RESYNC_SECONDS``: full re-list period of the listing caches of
+    batches and files (between re-lists a watch keeps them current)."""
     metrics_port: int = DEFAULT_METRICS_PORT
     """``LLMBATCH_GATEWAY_METRICS_PORT``: Prometheus ``/metrics`` listener (0: none); never
     served on the API port."""
@@ -99,6 +102,7 @@ class GatewaySettings:
             ),
             key_resync_seconds=_int(values, "LLMBATCH_GATEWAY_KEY_RESYNC_SECONDS", 30),
             read_cache_seconds=_float(values, "LLMBATCH_GATEWAY_READ_CACHE_SECONDS", 1.0),
+            list_resync_seconds=_int(values, "LLMBATCH_GATEWAY_LIST_RESYNC_SECONDS", 600, 10),
             metrics_port=_int(
                 values,
                 "LLMBATCH_GATEWAY_METRICS_PORT",

@@ -27,10 +27,10 @@ from llmbatch.gateway.mapping import (
     CursorNotFound,
     file_sort_key,
     file_to_openai,
-    list_page,
+    list_envelope,
     paginate,
 )
-from llmbatch.gateway.responses import ERROR_RESPONSES, json_response
+from llmbatch.gateway.responses import ERROR_RESPONSES, json_data, json_response
 from llmbatch.gateway.upload import MultipartUpload, StoredUpload
 from llmbatch.gateway.uploadcheck import MAX_EXPIRES_SECONDS, MIN_EXPIRES_SECONDS
 from llmbatch.storage import ObjectNotFound, StoreError
@@ -99,6 +99,7 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
             await asyncio.to_thread(gw.store.delete, key)
         raise
     gw.reads.put("batchfiles", who.namespace, file_id, obj)
+    gw.lists.files.put(obj)  # listed at once: a client lists what it just uploaded
     metrics.UPLOAD_BYTES.inc(stored.info.size)
     return json_response(file_to_openai(obj))
 
@@ -180,17 +181,38 @@ async def list_files(
     order: Literal["asc", "desc"] = "desc",
     purpose: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response:
-    """The tenant's files, newest first (``order=asc`` for oldest first)."""
-    items = await gw.kube.list_objects("batchfiles", who.namespace)
-    if purpose:
-        items = [i for i in items if (i.get("spec") or {}).get("purpose") == purpose]
-    items.sort(key=file_sort_key, reverse=order == "desc")
-    files = [file_to_openai(i) for i in items]
+    """The tenant's files, newest first (``order=asc`` for oldest first): from the listing
+    cache once it is synced."""
+    descending = order == "desc"
     try:
-        page, more = paginate(files, lambda f: f.id, after, limit)
+        if gw.lists.files.synced:
+            page, more = gw.lists.files.index.page_after(
+                who.namespace, after, limit, descending=descending, group=purpose or None
+            )
+        else:
+            page, more = await _listed_by_the_api(
+                gw, who.namespace, after, limit, descending, purpose
+            )
     except CursorNotFound as exc:
         raise APIError(400, f"No such file to list after: {after!r}.", param="after") from exc
-    return json_response(list_page(page, more, lambda f: f.id))
+    return json_data(list_envelope(page, more))
+
+
+async def _listed_by_the_api(
+    gw: Gateway,
+    namespace: str,
+    after: str | None,
+    limit: int,
+    descending: bool,
+    purpose: str | None,
+) -> tuple[list[dict[str, Any]], bool]:
+    """A page from a listing of the tenant's files (the way before the cache, for its start)."""
+    items = await gw.kube.list_objects("batchfiles", namespace)
+    if purpose:
+        items = [i for i in items if (i.get("spec") or {}).get("purpose") == purpose]
+    items.sort(key=file_sort_key, reverse=descending)
+    files = [file_to_openai(i).model_dump(mode="json") for i in items]
+    return paginate(files, lambda f: str(f["id"]), after, limit)
 
 
 @router.get("/files/{file_id}", response_model=FileObject)
@@ -240,6 +262,7 @@ async def delete_file(file_id: str, who: Writer, gw: GW) -> Response:
         raise store_unavailable() from exc
     deleted = await gw.kube.delete("batchfiles", who.namespace, file_id)
     gw.reads.put("batchfiles", who.namespace, file_id, None)
+    gw.lists.files.drop(obj)
     if not deleted:
         raise not_found("File object", file_id, "file_id")
     return json_response(FileDeleted(id=file_id))
