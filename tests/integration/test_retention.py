@@ -324,3 +324,17 @@ def test_expires_after_from_the_sdk_is_what_retention_keeps(
     assert obj is not None
     assert (obj.get("status") or {}).get("expiresAt") in (None, month.created_at + 2592000)
     assert kept(cluster, op, namespace, month.id)
+
+
+def test_a_staged_inline_input_whose_batch_never_came_is_removed(
+    namespace: str, operator_process: OperatorProcess
+) -> None:
+    """The gateway stages inline requests just before it creates the Batch; when the create
+    fails the staged object has no Batch: retention removes it (at the second sweep that finds
+    it alone, so one racing the create is spared)."""
+    op = operator_process
+    orphan = keys.inline_staging_key(namespace, f"batch_{uuid.uuid4().hex[:24]}")
+    store_of(op).put(orphan, b'{"custom_id": "r1"}\n')
+    before = sweeps(op)
+    wait_for(lambda: store_of(op).head(orphan) is None, 60, "unclaimed staged input removed")
+    assert sweeps(op) >= before + 2

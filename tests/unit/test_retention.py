@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from llmbatch.api.resources import PoolRetention
+from llmbatch.core import keys
 from llmbatch.core.retention import (
     DAY,
     HOUR,
@@ -412,3 +413,22 @@ def test_expires_after_never_deletes_an_input_in_use_and_caps_the_grace_after() 
     early = batch(phase="completed", accepted=T0 + 60, finished=T0 + HOUR)
     assert not due_at(f, [early], T0 + 2 * HOUR - 1, **{"pool-a": grace})
     assert due_at(f, [early], T0 + 2 * HOUR, **{"pool-a": grace})  # not the pool's 24 h grace
+
+
+# --- staged inline inputs ----------------------------------------------------------------------
+
+
+def test_a_staged_inline_input_without_its_batch_is_unclaimed() -> None:
+    """The gateway stages inline requests under ``inline/<namespace>/<batch id>.jsonl`` before it
+    creates the Batch; one whose Batch does not exist (create failed, or deleted unvalidated) is
+    unclaimed. Keys that are not a batch's are never touched."""
+    claimed = keys.inline_staging_key(NS, "batch_b1")
+    elsewhere = keys.inline_staging_key("team-b", "batch_b1")  # same id, other namespace
+    orphan = keys.inline_staging_key(NS, "batch_gone")
+    strange = [f"{keys.INLINE_STAGING_PREFIX}{NS}/notes.txt", f"{keys.INLINE_STAGING_PREFIX}x"]
+    staged = [claimed, elsewhere, orphan, *strange]
+    plan = plan_retention([], [batch("batch-b1", phase=None)], DEFAULT, {}, T0, staged)
+    assert sorted(plan.unclaimed) == sorted([elsewhere, orphan])
+    rejected = batch("batch-b1", phase="failed", finished=T0)  # failed validation: never reads it
+    plan = plan_retention([], [rejected], DEFAULT, {}, T0, staged)
+    assert sorted(plan.unclaimed) == sorted([claimed, elsewhere, orphan])

@@ -37,6 +37,17 @@ def work_prefix(namespace: str, batch_uid: str) -> str:
     return f"work/{namespace}/{batch_uid}"
 
 
+INLINE_STAGING_PREFIX = "inline/"
+
+
+def inline_staging_key(namespace: str, batch_id: str) -> str:
+    """Where the gateway stores a batch's inline requests at creation, before the Batch (and
+    its uid) exists: ``inline/<namespace>/<batch id>.jsonl``. The operator copies it into the
+    batch's work area at acceptance and removes it; retention removes one whose Batch never
+    came."""
+    return f"{INLINE_STAGING_PREFIX}{namespace}/{batch_id}.jsonl"
+
+
 def inline_input_key(namespace: str, batch_uid: str) -> str:
     """Where inline ``spec.requests`` are written as JSONL before validation."""
     return f"{work_prefix(namespace, batch_uid)}/input.jsonl"

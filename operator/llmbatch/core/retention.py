@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from llmbatch.api.resources import PoolRetention
-from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core import keys
+from llmbatch.core.ids import batch_id_from_name, batch_object_name
 from llmbatch.core.lifecycle import TERMINAL, unix_seconds
 
 HOUR = 3600
@@ -328,6 +329,10 @@ class RetentionPlan:
     """Files kept whose ``status.expiresAt`` / ``status.usedBy`` should change."""
     clean_work: list[BatchRef]
     """Finished batches whose work area goes now."""
+    unclaimed: list[str] = field(default_factory=list)
+    """Staged inline inputs (``core.keys.inline_staging_key``) no unfinished Batch will read: the
+    gateway stored them and then did not create the Batch, it was deleted before validation, or
+    it failed validation (acceptance pins the input and removes the staged copy itself)."""
 
 
 def plan_retention(
@@ -336,8 +341,10 @@ def plan_retention(
     default: RetentionPolicy,
     pools: Mapping[str, PoolRetention | None],
     now: float,
+    staged: Iterable[str] = (),
 ) -> RetentionPlan:
-    """Everything due at ``now``; running it twice over the result of the first is a no-op."""
+    """Everything due at ``now``; running it twice over the result of the first is a no-op.
+    ``staged``: the keys of the staged inline inputs in the store."""
     policies: dict[str | None, RetentionPolicy] = {
         name: default.for_pool(settings) for name, settings in pools.items()
     }
@@ -360,4 +367,18 @@ def plan_retention(
         elif decision.status_stale:
             plan.publish.append(decision)
     plan.clean_work = [b for b in batch_list if work_area_due(b, now)]
+    # a finished batch never reads its staged input (one that failed validation kept it)
+    named = {(b.namespace, b.name) for b in batch_list if b.active}
+    plan.unclaimed = [key for key in staged if (owner := _staged_for(key)) and owner not in named]
     return plan
+
+
+def _staged_for(key: str) -> tuple[str, str] | None:
+    """(namespace, Batch name) a staged inline input was stored for."""
+    parts = key.removeprefix(keys.INLINE_STAGING_PREFIX).split("/")
+    if len(parts) != 2 or not parts[1].endswith(".jsonl"):
+        return None
+    batch_id = parts[1].removesuffix(".jsonl")
+    if not batch_id.startswith("batch_"):
+        return None
+    return parts[0], batch_object_name(batch_id)
