@@ -209,6 +209,8 @@ async def _get_batch(gw: Gateway, namespace: str, batch_id: str) -> dict[str, An
     if not BATCH_ID.match(batch_id):
         raise not_found("batch", batch_id, "batch_id")
     obj = await gw.reads.get("batches", namespace, batch_object_name(batch_id))
+    if obj is None:  # finished long ago: retention moved it to the archive
+        obj = await gw.archive.get(namespace, batch_id)
     if obj is None:
         raise not_found("batch", batch_id, "batch_id")
     return obj
