@@ -6,6 +6,7 @@ the Batch status subresource (and writing output BatchFiles plus their bytes) it
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import pathlib
@@ -339,9 +340,16 @@ def test_inline_requests(tenant: Tenant, gateway_process: GatewayProcess) -> Non
     )
     assert batch.status == "validating"
     spec = batch_cr(gateway_process, tenant.namespace, batch.id)["spec"]
-    assert [r["customID"] for r in spec["requests"]] == ["request-0", "request-1", "request-2"]
-    assert spec["requests"][0]["body"] == rows[0]["body"]
+    # the requests are in the store, as an upload's would be; the Batch refers to them
+    assert "requests" not in spec
     assert "inputFileID" not in spec
+    staged = spec["inlineInput"]
+    assert staged["key"] == keys.inline_staging_key(tenant.namespace, batch.id)
+    assert staged["requests"] == 3
+    data = open_store(gateway_process.store_uri).get(staged["key"])
+    assert [json.loads(x) for x in data.splitlines()] == rows
+    assert staged["bytes"] == len(data)
+    assert staged["sha256"] == hashlib.sha256(data).hexdigest()
     # both, or neither, of input_file_id and requests: 400
     file_id = upload(client, jsonl(rows))
     for body in (
@@ -358,6 +366,24 @@ def test_inline_requests(tenant: Tenant, gateway_process: GatewayProcess) -> Non
             cast_to=openai.types.Batch,
         )
     assert err.value.code == "duplicate_custom_id"
+
+
+def test_a_thousand_inline_requests_leave_the_batch_small(
+    tenant: Tenant, gateway_process: GatewayProcess
+) -> None:
+    """Issue #30: a Batch carrying 1,000 inline requests is what listings, watches and etcd
+    move; it stays a few KB, the requests are one object in the store."""
+    rows = [line(i) for i in range(1000)]
+    batch = tenant.client().post(
+        "/batches",
+        body={"requests": rows, "endpoint": CHAT, "completion_window": "24h"},
+        cast_to=openai.types.Batch,
+    )
+    cr = batch_cr(gateway_process, tenant.namespace, batch.id)
+    assert len(json.dumps(cr)) < 4096, len(json.dumps(cr))
+    assert cr["spec"]["inlineInput"]["requests"] == 1000
+    data = open_store(gateway_process.store_uri).get(cr["spec"]["inlineInput"]["key"])
+    assert len(data.splitlines()) == 1000
 
 
 def test_both_route_prefixes(tenant: Tenant) -> None:
@@ -635,9 +661,9 @@ def test_expedited_and_queue_limits(
     )
     client = closed.client()
     # The queued batch must stay unfinished whether or not an operator runs in this session:
-    # one fails a file batch of this gateway's store at once (its store has no such bytes) and
-    # runs an inline one. So the queued batch is inline, and its model's only pool wants more
-    # GPUs per slot than a node has: its slot never starts and the batch stays in progress.
+    # one on another store than this gateway's fails the batch at once (the input, an upload or
+    # staged inline requests, is not in its store). So the session's operators are paused
+    # while it counts, and its model's only pool wants more GPUs per slot than a node has.
     pool, model = f"pool-{uuid.uuid4().hex[:6]}", f"model-{uuid.uuid4().hex[:6]}"
     apply_pool(
         gateway_process,
@@ -655,15 +681,15 @@ def test_expedited_and_queue_limits(
             create(client, file_id, extra_body={"priority": "expedited"})
         assert err.value.code == "expedited_not_allowed"
         assert err.value.param == "priority"
-        queued = client.post(
-            "/batches",
-            body={"requests": rows, "endpoint": CHAT, "completion_window": "24h"},
-            cast_to=openai.types.Batch,
-        )
-        assert queued.id
-        time.sleep(1)  # a running operator has acted on the batch by now: it still counts
-        with pytest.raises(openai.RateLimitError) as limited:
-            create(client, file_id)  # 3 queued + 3 > 5
+        with paused_operators():
+            queued = client.post(
+                "/batches",
+                body={"requests": rows, "endpoint": CHAT, "completion_window": "24h"},
+                cast_to=openai.types.Batch,
+            )
+            assert queued.id
+            with pytest.raises(openai.RateLimitError) as limited:
+                create(client, file_id)  # 3 queued + 3 > 5
         assert limited.value.status_code == 429
     finally:
         gateway_process.kubectl("delete", "batchpool", pool, "--wait=false", check=False)

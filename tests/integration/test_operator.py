@@ -8,6 +8,7 @@ the executor and end-to-end tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 import time
@@ -20,8 +21,8 @@ import psutil
 import pytest
 from openai.types.chat import ChatCompletion
 
-from llmbatch.core.ids import batch_request_id
-from llmbatch.core.keys import file_key
+from llmbatch.core.ids import batch_id_from_name, batch_request_id
+from llmbatch.core.keys import file_key, inline_staging_key
 from llmbatch.storage import FilesystemStore
 from tests.fixtures.operator import WORKER_NAMESPACE, OperatorProcess, simulated_pool
 
@@ -106,6 +107,7 @@ def make_batch(
     pool: str,
     requests: list[dict[str, Any]] | None = None,
     input_file_id: str | None = None,
+    inline_input: Callable[[str], dict[str, Any]] | None = None,
     window: str = "24h",
     model_hint: str | None = None,
     priority: str | None = None,
@@ -121,6 +123,8 @@ def make_batch(
         spec["requests"] = requests
     if input_file_id is not None:
         spec["inputFileID"] = input_file_id
+    if inline_input is not None:  # given the Batch's name, as the gateway stages them
+        spec["inlineInput"] = inline_input(name)
     if model_hint:
         spec["model"] = model_hint
     if priority:
@@ -390,6 +394,64 @@ def test_batch_file_pointing_at_another_tenants_bytes_is_refused(
     assert status["status"] == "failed"
     assert [e["code"] for e in status["errors"]] == ["invalid_file"]
     assert "outside its own file" in status["errors"][0]["message"]
+
+
+def _staged(operator: OperatorProcess, namespace: str, requests: list[dict[str, Any]]) -> Any:
+    """Stage inline requests as the gateway does; the Batch's ``spec.inlineInput`` for a name."""
+    rows = [
+        {"custom_id": r["customID"], **{k: r[k] for k in ("method", "url", "body")}}
+        for r in requests
+    ]
+    data = b"".join(orjson.dumps(row) + b"\n" for row in rows)
+
+    def spec_for(name: str, key: str | None = None) -> dict[str, Any]:
+        key = key or inline_staging_key(namespace, batch_id_from_name(name))
+        store_of(operator).put(key, data)
+        sha = hashlib.sha256(data).hexdigest()
+        return {"key": key, "requests": len(rows), "bytes": len(data), "sha256": sha}
+
+    return spec_for
+
+
+def test_staged_inline_input_is_pinned_run_and_its_staging_removed(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """Issue #30: the gateway stages inline requests in the store and the Batch only refers to
+    them; the operator runs them like an upload and removes the staged copy once pinned."""
+    pool = make_pool(cluster, tmp_path)
+    requests = chat_requests(3, prefix="staged")
+    name = make_batch(
+        cluster,
+        tmp_path,
+        namespace,
+        pool=pool,
+        inline_input=_staged(operator_process, namespace, requests),
+    )
+    batch = wait_status(cluster, operator_process, namespace, name, {"completed", "failed"})
+    status = batch["status"]
+    assert status["status"] == "completed", status
+    outputs = read_lines(operator_process, namespace, status.get("outputFileID"))
+    assert sorted(o["custom_id"] for o in outputs) == ["staged-0", "staged-1", "staged-2"]
+    staging = batch["spec"]["inlineInput"]["key"]
+    assert store_of(operator_process).head(staging) is None
+
+
+def test_staged_inline_input_under_another_batchs_key_is_refused(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """A Batch applied by hand cannot point ``inlineInput`` at someone else's staged requests."""
+    pool = make_pool(cluster, tmp_path)
+    stage = _staged(operator_process, namespace, chat_requests(1))
+    victim = inline_staging_key("other-tenant", f"batch_{uuid.uuid4().hex[:24]}")
+    name = make_batch(
+        cluster, tmp_path, namespace, pool=pool, inline_input=lambda _: stage("", key=victim)
+    )
+    status = wait_status(cluster, operator_process, namespace, name, {"failed", "in_progress"})[
+        "status"
+    ]
+    assert status["status"] == "failed"
+    assert [e["code"] for e in status["errors"]] == ["invalid_input"]
+    assert store_of(operator_process).head(victim) is not None  # not read, not removed
 
 
 def test_model_not_served_fails_clearly(

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import openai
 import pytest
 
 from llmbatch.core import keys
@@ -324,3 +325,71 @@ def test_expires_after_from_the_sdk_is_what_retention_keeps(
     assert obj is not None
     assert (obj.get("status") or {}).get("expiresAt") in (None, month.created_at + 2592000)
     assert kept(cluster, op, namespace, month.id)
+
+
+def test_a_staged_inline_input_whose_batch_never_came_is_removed(
+    namespace: str, operator_process: OperatorProcess
+) -> None:
+    """The gateway stages inline requests just before it creates the Batch; when the create
+    fails the staged object has no Batch: retention removes it (at the second sweep that finds
+    it alone, so one racing the create is spared)."""
+    op = operator_process
+    orphan = keys.inline_staging_key(namespace, f"batch_{uuid.uuid4().hex[:24]}")
+    store_of(op).put(orphan, b'{"custom_id": "r1"}\n')
+    before = sweeps(op)
+    wait_for(lambda: store_of(op).head(orphan) is None, 60, "unclaimed staged input removed")
+    assert sweeps(op) >= before + 2
+
+
+def test_a_finished_batch_past_its_ttl_leaves_etcd_and_still_answers_through_the_sdk(
+    cluster: Any,
+    operator_process: OperatorProcess,
+    tenants: Callable[..., Tenant],  # noqa: F811  (the fixture imported above)
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue #30: etcd holds the working set, not the history. A finished Batch leaves the API
+    server after the pool's ``retention.batchSeconds`` (once its work area is gone, 30 s after
+    it finished); ``retrieve`` and ``list`` still answer for it from the archive, and its
+    results stay downloadable until their own expiry."""
+    op = operator_process
+    model = f"ttl-model-{uuid.uuid4().hex[:6]}"
+    pool = f"pool-{uuid.uuid4().hex[:8]}"
+    _POOLS.append(pool)
+    apply(cluster, tmp_path, simulated_pool(pool, model, retention={"batchSeconds": 1}))
+    namespace, client = tenants(credit="100")
+    rows = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": model,
+                "messages": [{"role": "user", "content": f"{i}"}],
+                "max_tokens": 8,
+            },
+        }
+        for i in range(3)
+    ]
+    created = client.post(
+        "/batches",
+        body={"requests": rows, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        cast_to=openai.types.Batch,
+    )
+    name = "batch-" + created.id.removeprefix("batch_")
+    done = wait_status(cluster, op, namespace, name, {"completed"})
+    output_id = done["status"]["outputFileID"]
+
+    def gone() -> bool:
+        listed = cluster.kubectl("get", "batches", "-n", namespace, "-o", "name")
+        return f"/{name}" not in listed
+
+    wait_for(gone, 120, "the finished Batch gone from the API server")
+    assert store_of(op).head(keys.archive_key(namespace, created.id)) is not None
+    archived = client.batches.retrieve(created.id)
+    assert archived.status == "completed"
+    assert archived.output_file_id == output_id
+    assert archived.request_counts is not None
+    assert archived.request_counts.completed == 3
+    assert [b.id for b in client.batches.list()] == [created.id]
+    lines = client.files.content(output_id).text.splitlines()
+    assert sorted(json.loads(x)["custom_id"] for x in lines) == ["r0", "r1", "r2"]

@@ -106,7 +106,11 @@ def test_batch_immutable_fields_are_guarded_by_cel() -> None:
         assert "self == oldSelf" in rules, alias
     assert "x-kubernetes-validations" not in spec["properties"]["cancel"]
     spec_rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
-    assert "has(self.inputFileID) != has(self.requests)" in spec_rules
+    exactly_one = (
+        "(has(self.inputFileID) ? 1 : 0) + (has(self.requests) ? 1 : 0)"
+        " + (has(self.inlineInput) ? 1 : 0) == 1"
+    )
+    assert exactly_one in spec_rules
 
 
 def test_batch_printer_columns_show_progress() -> None:

@@ -16,10 +16,14 @@ from typing import Any
 
 import pytest
 
+from llmbatch.core import archive, keys
+from llmbatch.core.ids import batch_id_from_name
 from llmbatch.gateway import app as gateway_app
+from llmbatch.gateway.archive import BatchArchive
 from llmbatch.gateway.listcache import BATCHES, FILES, ListCache, batch_entry, file_entry
 from llmbatch.gateway.mapping import ANNOTATION_CREATED_NS
 from llmbatch.gateway.settings import GatewaySettings
+from llmbatch.storage import FilesystemStore
 from tests.fixtures.gateway import GATEWAY_NAMESPACE, FakeGateway, FakeKube, auth
 
 NS = "team-l"
@@ -206,6 +210,95 @@ def test_a_relist_keeps_writes_through_newer_than_its_snapshot() -> None:
     assert entry is not None
     cache.replace([(NS, entry)], "11")
     assert listed(cache) == [bid(2), bid(1)]
+
+
+# --- archived batches: still listed once their object left the API server -------------------
+
+
+def archived_store(tmp_path: pathlib.Path, *objs: dict[str, Any]) -> BatchArchive:
+    store = FilesystemStore(tmp_path / "store")
+    for obj in objs:
+        meta = obj["metadata"]
+        record = archive.archive_record(obj, 1)
+        key = keys.archive_key(meta["namespace"], batch_id_from_name(meta["name"]))
+        store.put(key, archive.encode(record))
+    return BatchArchive(store)
+
+
+def finished_obj(n: int, created_ns: int) -> dict[str, Any]:
+    obj = batch_obj(n, created_ns=created_ns)
+    obj["metadata"]["uid"] = f"uid-{n}"
+    obj["status"] = {"status": "completed", "completedAt": 1}
+    return obj
+
+
+def test_archived_batches_are_listed_from_the_start_and_when_their_object_goes(
+    tmp_path: pathlib.Path,
+) -> None:
+    async def scenario(kube: FakeKube) -> None:
+        old = finished_obj(1, created_ns=1)
+        moving = finished_obj(2, created_ns=2)
+        store = archived_store(tmp_path, old)
+        await kube.create("batches", NS, moving)
+        await kube.create("batches", NS, batch_obj(3, created_ns=3))
+        cache = ListCache(kube, BATCHES, resync_seconds=60, watch_seconds=30, archive=store)
+        cache.start()
+        try:
+            await asyncio.wait_for(cache.first_sync.wait(), 5)
+            assert listed(cache) == [bid(3), bid(2), bid(1)]  # the record, in its place
+            # retention moves batch 2: record, annotation, delete (the watch sees the last two)
+            archived_store(tmp_path, moving)
+            key = keys.archive_key(NS, bid(2))
+            annotated = {"metadata": {"annotations": {keys.ANNOTATION_ARCHIVED: key}}}
+            await kube.patch("batches", NS, "batch-b0002", annotated)
+            await kube.delete("batches", NS, "batch-b0002")
+            await kube.delete("batches", NS, "batch-b0003")  # deleted by hand: gone
+            await eventually(lambda: listed(cache) == [bid(2), bid(1)])
+            kube.compact()  # and a relist keeps both records
+            await eventually(lambda: cache.relists == 2)
+            assert listed(cache) == [bid(2), bid(1)]
+        finally:
+            await cache.stop()
+
+    run(scenario)
+
+
+def test_a_relist_finds_in_the_archive_a_finished_batch_whose_move_it_missed(
+    tmp_path: pathlib.Path,
+) -> None:
+    async def scenario(kube: FakeKube) -> None:
+        moved = finished_obj(1, created_ns=1)
+        await kube.create("batches", NS, moved)
+        store = archived_store(tmp_path)
+        cache = ListCache(kube, BATCHES, resync_seconds=60, watch_seconds=30, archive=store)
+        cache.start()
+        try:
+            await asyncio.wait_for(cache.first_sync.wait(), 5)
+            assert listed(cache) == [bid(1)]
+            # moved while the watch was away: neither the annotation nor the delete was seen
+            archived_store(tmp_path, moved)
+            del kube.objects["batches", NS, "batch-b0001"]
+            kube.compact()
+            await eventually(lambda: cache.relists == 2)
+            assert listed(cache) == [bid(1)]
+        finally:
+            await cache.stop()
+
+    run(scenario)
+
+
+def test_retrieve_answers_for_an_archived_batch(fake_gateway: FakeGateway) -> None:
+    key = fake_gateway.key(NS)
+    obj = finished_obj(1, created_ns=1)
+    store = FilesystemStore(fake_gateway.store_root)
+    store.put(keys.archive_key(NS, bid(1)), archive.encode(archive.archive_record(obj, 1)))
+    got = fake_gateway.client.get(f"/v1/batches/{bid(1)}", headers=auth(key))
+    assert got.status_code == 200, got.text
+    assert got.json()["status"] == "completed"
+    other = fake_gateway.key("team-z")
+    assert fake_gateway.client.get(f"/v1/batches/{bid(1)}", headers=auth(other)).status_code == 404
+    cancel = fake_gateway.client.post(f"/v1/batches/{bid(1)}/cancel", headers=auth(key))
+    assert cancel.status_code == 409
 
 
 def test_hand_made_batches_are_not_listed_and_files_are_grouped_by_purpose() -> None:

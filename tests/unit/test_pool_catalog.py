@@ -123,3 +123,17 @@ def test_acceptance_with_the_pool_in_the_catalog_lists_no_pools(tmp_path: pathli
     h.step("batch-" + "a" * 24)
     assert h.status("batch-" + "a" * 24)["pool"] == "pool-a"
     assert ("list", "batchpools", "") not in h.kube.calls
+
+
+def test_an_operator_chooses_only_the_pools_it_serves() -> None:
+    """LLMBATCH_POOLS: operators on disjoint tenants and pools; one never accepts a batch into
+    a pool another schedules (its batches would never be placed), from the watch or a listing."""
+    theirs, ours = make_pool("pool-theirs", models=("m",)), make_pool("pool-ours", models=("m",))
+    listing = Listing(theirs, ours)
+    catalog = PoolCatalog(listing, listing.read, Clock(), served=lambda name: name == "pool-ours")
+    catalog.notice(theirs)
+    assert chosen(catalog, "m") == "pool-ours"  # from the listing: the watch showed only theirs
+    assert chosen(catalog, "m", wanted="pool-theirs") is None
+    listing.pools = [theirs]
+    catalog = PoolCatalog(listing, listing.read, Clock(), served=lambda name: name == "pool-ours")
+    assert chosen(catalog, "m") is None

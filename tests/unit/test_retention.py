@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from llmbatch.api.resources import PoolRetention
+from llmbatch.core import keys
 from llmbatch.core.retention import (
     DAY,
     HOUR,
@@ -14,6 +17,8 @@ from llmbatch.core.retention import (
     BatchRef,
     RetentionPolicy,
     StoredFile,
+    batch_archive_due,
+    batch_leaves_at,
     decide_file,
     output_expires_at,
     plan_retention,
@@ -412,3 +417,82 @@ def test_expires_after_never_deletes_an_input_in_use_and_caps_the_grace_after() 
     early = batch(phase="completed", accepted=T0 + 60, finished=T0 + HOUR)
     assert not due_at(f, [early], T0 + 2 * HOUR - 1, **{"pool-a": grace})
     assert due_at(f, [early], T0 + 2 * HOUR, **{"pool-a": grace})  # not the pool's 24 h grace
+
+
+# --- staged inline inputs ----------------------------------------------------------------------
+
+
+def test_a_staged_inline_input_without_its_batch_is_unclaimed() -> None:
+    """The gateway stages inline requests under ``inline/<namespace>/<batch id>.jsonl`` before it
+    creates the Batch; one whose Batch does not exist (create failed, or deleted unvalidated) is
+    unclaimed. Keys that are not a batch's are never touched."""
+    claimed = keys.inline_staging_key(NS, "batch_b1")
+    elsewhere = keys.inline_staging_key("team-b", "batch_b1")  # same id, other namespace
+    orphan = keys.inline_staging_key(NS, "batch_gone")
+    strange = [f"{keys.INLINE_STAGING_PREFIX}{NS}/notes.txt", f"{keys.INLINE_STAGING_PREFIX}x"]
+    staged = [claimed, elsewhere, orphan, *strange]
+    plan = plan_retention([], [batch("batch-b1", phase=None)], DEFAULT, {}, T0, staged)
+    assert sorted(plan.unclaimed) == sorted([elsewhere, orphan])
+    rejected = batch("batch-b1", phase="failed", finished=T0)  # failed validation: never reads it
+    plan = plan_retention([], [rejected], DEFAULT, {}, T0, staged)
+    assert sorted(plan.unclaimed) == sorted([claimed, elsewhere, orphan])
+
+
+# --- finished Batch objects leave the API server for the archive --------------------------------
+
+
+def test_a_finished_batch_leaves_when_its_results_expire_unless_told_otherwise() -> None:
+    done = replace(batch(phase="completed", finished=T0), work_removed=True)
+    assert batch_leaves_at(done, DEFAULT) == T0 + 7 * DAY
+    own = replace(done, output_seconds=3600)  # the client's output_expires_after
+    assert batch_leaves_at(own, DEFAULT) == T0 + 3600
+    assert batch_leaves_at(own, RetentionPolicy(batch_seconds=60)) == T0 + 60
+    pool = DEFAULT.for_pool(PoolRetention(batch_seconds=0))
+    assert batch_leaves_at(done, pool) == T0
+    assert not batch_archive_due(done, DEFAULT, T0 + 7 * DAY - 1)
+    assert batch_archive_due(done, DEFAULT, T0 + 7 * DAY)
+    assert batch_leaves_at(batch(phase="in_progress"), DEFAULT) is None
+
+
+def test_a_batch_stays_while_it_runs_its_work_area_remains_or_a_webhook_is_pending() -> None:
+    later = T0 + 365 * DAY
+    for phase in (None, "validating", "in_progress", "finalizing", "cancelling"):
+        assert not batch_archive_due(replace(batch(phase=phase), work_removed=True), DEFAULT, later)
+    done = batch(phase="failed", finished=T0)
+    assert not batch_archive_due(done, DEFAULT, later)  # its work area first
+    waiting = replace(done, work_removed=True, webhooks_pending=True)
+    assert not batch_archive_due(waiting, DEFAULT, later)
+    half = replace(done, work_removed=True, archived=True)  # a sweep cut short: finish it
+    assert batch_archive_due(half, DEFAULT, T0)
+
+
+def test_batch_ref_reads_the_archive_and_webhook_annotations() -> None:
+    delivery = {
+        "webhook": "w",
+        "webhookUid": "u1",
+        "webhookId": "wh_1",
+        "state": "Pending",
+        "attempts": 1,
+        "plannedAt": T0,
+        "nextAttemptAt": T0 + 60,
+    }
+    pending = {"type": "batch.completed", "eventId": "evt_1", "createdAt": T0}
+    pending["deliveries"] = [delivery]
+    obj: dict[str, Any] = {
+        "metadata": {
+            "name": "batch-b1",
+            "namespace": NS,
+            "uid": "u",
+            "annotations": {
+                keys.ANNOTATION_ARCHIVED: "archive/team-a/batch_b1.json",
+                "llmbatch.io/webhook-deliveries": json.dumps(pending),
+            },
+        },
+        "spec": {"outputExpiresAfterSeconds": 7200},
+        "status": {"status": "completed", "completedAt": T0},
+    }
+    ref = BatchRef.from_object(obj)
+    assert (ref.archived, ref.output_seconds) == (True, 7200)
+    assert ref.webhooks_pending
+    obj["metadata"]["annotations"]["llmbatch.io/webhook-deliveries"] = "{not json"
+    assert not BatchRef.from_object(obj).webhooks_pending

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pathlib
 from typing import Any
 
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.retention import RetentionSweeper
-from llmbatch.core import keys
+from llmbatch.core import archive, keys
 from llmbatch.core.retention import DAY, SETTLE_SECONDS, RetentionPolicy
 from llmbatch.storage import FilesystemStore
 from tests.fixtures.fakekube import FakeKube
@@ -24,9 +25,15 @@ class RacingKube(FakeKube):
     deleted_elsewhere = False
 
     async def delete_custom(
-        self, plural: str, namespace: str, name: str, uid: str | None = None
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        uid: str | None = None,
+        *,
+        orphan: bool = False,
     ) -> bool:
-        deleted = await super().delete_custom(plural, namespace, name, uid)
+        deleted = await super().delete_custom(plural, namespace, name, uid, orphan=orphan)
         return deleted and not self.deleted_elsewhere
 
 
@@ -183,3 +190,87 @@ def test_pool_retention_and_global_defaults_apply(tmp_path: pathlib.Path) -> Non
     now[0] = T0 + 510
     assert asyncio.run(sweeper.sweep()).files_deleted == 1
     assert not [k for k in kube.objects if k[0] == "batchfiles"]
+
+
+# --- finished batches leave the API server for the archive ------------------------------------
+
+
+def finished(name: str, at: int, **spec: Any) -> Any:
+    obj = batch_obj(name, "completed", "", completedAt=at, workRemovedAt=at + SETTLE_SECONDS)
+    obj["metadata"]["annotations"] = {"llmbatch.io/last-handled-configuration": "{...}"}
+    obj["spec"].update(spec)
+    return obj
+
+
+def test_a_finished_batch_is_archived_when_its_results_expire_and_then_deleted(
+    tmp_path: pathlib.Path,
+) -> None:
+    now = [float(T0 + 7 * DAY - 1)]
+    kube, store, sweeper = make(tmp_path, now)
+    kube.add("batches", finished("batch-done", T0))
+    kube.add("batches", finished("batch-short", T0, outputExpiresAfterSeconds=3600))
+    kube.add("batches", batch_obj("batch-run", "in_progress", ""))
+
+    report = asyncio.run(sweeper.sweep())  # the short one's results expired after an hour
+    assert report.batches_archived == 1
+    assert ("batches", NS, "batch-short") not in kube.objects
+    assert ("delete-orphan", "batches", "batch-short") in kube.calls  # its files keep theirs
+    record = archive.decode(store.get(keys.archive_key(NS, "batch_short")))
+    assert record["status"]["status"] == "completed"
+    assert record["metadata"]["annotations"] == {
+        keys.ANNOTATION_ARCHIVED: keys.archive_key(NS, "batch_short")
+    }
+
+    now[0] = T0 + 7 * DAY  # the default: the 7 days of its results
+    assert asyncio.run(sweeper.sweep()).batches_archived == 1
+    assert store.head(keys.archive_key(NS, "batch_done")) is not None
+    assert ("batches", NS, "batch-run") in kube.objects  # a running batch never goes
+    assert store.head(keys.archive_key(NS, "batch_run")) is None
+
+
+def test_the_pool_and_the_operator_setting_choose_when_batches_leave(
+    tmp_path: pathlib.Path,
+) -> None:
+    now = [float(T0 + 120)]
+    kube, _, sweeper = make(tmp_path, now)
+    kube.add(
+        "batchpools",
+        {"metadata": {"name": "quick"}, "spec": {"retention": {"batchSeconds": 60}}},
+    )
+    quick = finished("batch-quick", T0)
+    quick["status"]["pool"] = "quick"
+    kube.add("batches", quick)
+    kube.add("batches", finished("batch-other", T0))
+    asyncio.run(sweeper.sweep())
+    assert ("batches", NS, "batch-quick") not in kube.objects
+    assert ("batches", NS, "batch-other") in kube.objects
+    sweeper.config = dataclasses.replace(
+        sweeper.config, retention=RetentionPolicy(batch_seconds=100)
+    )
+    asyncio.run(sweeper.sweep())
+    assert ("batches", NS, "batch-other") not in kube.objects
+
+
+def test_an_archive_cut_short_is_finished_by_the_next_sweep(tmp_path: pathlib.Path) -> None:
+    """Annotated, then the operator stopped (and the record was lost): the next sweep writes
+    the record again and deletes, whatever the clock says."""
+    now = [float(T0 + 10)]
+    kube, store, sweeper = make(tmp_path, now)
+    obj = finished("batch-half", T0)
+    obj["metadata"]["annotations"][keys.ANNOTATION_ARCHIVED] = keys.archive_key(NS, "batch_half")
+    kube.add("batches", obj)
+    assert asyncio.run(sweeper.sweep()).batches_archived == 1
+    assert archive.decode(store.get(keys.archive_key(NS, "batch_half")))["metadata"]["name"] == (
+        "batch-half"
+    )
+
+
+def test_a_finished_batch_whose_work_area_is_still_there_waits(tmp_path: pathlib.Path) -> None:
+    now = [float(T0 + 30 * DAY)]
+    kube, _, sweeper = make(tmp_path, now)
+    obj = batch_obj("batch-fresh", "completed", "", completedAt=T0)  # no workRemovedAt yet
+    kube.add("batches", obj)
+    report = asyncio.run(sweeper.sweep())
+    assert report.work_areas_removed == 1
+    assert report.batches_archived == 0  # next sweep: its deletion then has nothing to clean
+    assert asyncio.run(sweeper.sweep()).batches_archived == 1

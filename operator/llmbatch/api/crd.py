@@ -125,8 +125,9 @@ def _batch_rules(spec: dict[str, Any]) -> None:
     props = spec["properties"]
     spec["x-kubernetes-validations"] = [
         {
-            "rule": "has(self.inputFileID) != has(self.requests)",
-            "message": "exactly one of inputFileID and requests must be set",
+            "rule": "(has(self.inputFileID) ? 1 : 0) + (has(self.requests) ? 1 : 0)"
+            " + (has(self.inlineInput) ? 1 : 0) == 1",
+            "message": "exactly one of inputFileID, requests and inlineInput must be set",
         }
     ]
     for field in BatchSpec.immutable:

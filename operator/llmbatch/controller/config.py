@@ -109,6 +109,9 @@ class OperatorConfig:
     """kopf peering name; replicas with the same name never act at once."""
     namespaces: tuple[str, ...] = field(default_factory=tuple)
     """Namespaces to watch; empty: the whole cluster."""
+    pools: tuple[str, ...] = field(default_factory=tuple)
+    """BatchPools this operator schedules and accepts batches into; empty: every pool. Several
+    operators on disjoint tenant sets need disjoint pools too (docs/sizing.md)."""
     webhooks: WebhookConfig = field(default_factory=WebhookConfig)
     """Batch webhook deliveries."""
 
@@ -141,6 +144,7 @@ class OperatorConfig:
             retention=_retention_from_env(),
             retention_interval=_float("LLMBATCH_RETENTION_INTERVAL", 60.0),
             namespaces=tuple(n for n in namespaces.split(",") if n),
+            pools=tuple(p for p in os.environ.get("LLMBATCH_POOLS", "").split(",") if p),
             webhooks=WebhookConfig.from_env(),
         )
 
@@ -173,4 +177,12 @@ def _retention_from_env() -> RetentionPolicy:
             minimum=0,
         ),
         output_seconds=_seconds("LLMBATCH_RETENTION_OUTPUT_SECONDS", default.output_seconds),
+        batch_seconds=_batch_seconds(),
     )
+
+
+def _batch_seconds() -> int | None:
+    """``LLMBATCH_RETENTION_BATCH_SECONDS``: unset or -1, a finished Batch leaves the API
+    server when its results expire; else this many seconds after it finished."""
+    seconds = _seconds("LLMBATCH_RETENTION_BATCH_SECONDS", -1, minimum=-1)
+    return None if seconds < 0 else seconds

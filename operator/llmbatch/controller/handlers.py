@@ -32,6 +32,9 @@ INTERVAL = float(os.environ.get("LLMBATCH_RECONCILE_INTERVAL", "2"))
 #: kopf itself always watches cluster-wide: BatchPools are cluster-scoped and the peering object
 #: is the ClusterKopfPeering, so scoping is a filter on every Batch handler.
 SERVED = frozenset(filter(None, os.environ.get("LLMBATCH_NAMESPACES", "").split(",")))
+#: The BatchPools this operator schedules (LLMBATCH_POOLS; empty: all), a filter on every pool
+#: handler as SERVED is on the Batch handlers: operators on disjoint tenants and pools never meet.
+SERVED_POOLS = frozenset(filter(None, os.environ.get("LLMBATCH_POOLS", "").split(",")))
 
 
 @kopf.on.startup()
@@ -124,6 +127,10 @@ def _served(namespace: str | None, **_: Any) -> bool:
     return not SERVED or namespace in SERVED
 
 
+def _served_pool(name: str | None, **_: Any) -> bool:
+    return not SERVED_POOLS or name in SERVED_POOLS
+
+
 @kopf.on.delete(GROUP, VERSION, "batches", when=_served)
 async def batch_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Remove the batch's Jobs and work area; its BatchFiles go by owner references."""
@@ -153,7 +160,7 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
         scheduler.notice_batch(body.get("status") or {}, body["metadata"]["uid"], deleted=deleted)
 
 
-@kopf.on.event(GROUP, VERSION, "batchpools")
+@kopf.on.event(GROUP, VERSION, "batchpools", when=_served_pool)
 async def pool_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Keep the pool catalog acceptance chooses from; a pool gone makes its running batches
     reconcile (they end with pool_deleted lines). No I/O: async so it runs on the loop."""
@@ -200,6 +207,7 @@ POOL_TIMER_GAP = 0.05
     GROUP,
     VERSION,
     "batchpools",
+    when=_served_pool,
     interval=POOL_TIMER_GAP,
     initial_delay=0,
     backoff=RETRY_BACKOFF,
@@ -237,7 +245,7 @@ async def pool_timer(
 POOL_DELETE_MARGIN = 60.0
 
 
-@kopf.on.delete(GROUP, VERSION, "batchpools")
+@kopf.on.delete(GROUP, VERSION, "batchpools", when=_served_pool)
 async def pool_deleted(
     name: str, body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, runtime: Any, **_: Any
 ) -> None:

@@ -179,6 +179,11 @@ RETENTION_FREED_BYTES = Counter(
     ["area"],
     registry=REGISTRY,
 )
+RETENTION_BATCHES_ARCHIVED = Counter(
+    "llmbatch_retention_batches_archived_total",
+    "Finished Batches moved from the API server to the archive in the store.",
+    registry=REGISTRY,
+)
 RETENTION_SWEEP_SECONDS = Histogram(
     "llmbatch_retention_sweep_duration_seconds",
     "Time of one retention sweep over every BatchFile and finished Batch.",

@@ -29,18 +29,24 @@ class PoolCatalog:
     """BatchPools by name, kept from watch events (:meth:`notice`)."""
 
     def __init__(
-        self, listing: Listing, reading: Reading, clock: Callable[[], float] = time.monotonic
+        self,
+        listing: Listing,
+        reading: Reading,
+        clock: Callable[[], float] = time.monotonic,
+        served: Callable[[str], bool] = lambda _: True,
     ) -> None:
         self._listing = listing
         self._reading = reading
         self._clock = clock
+        self._served = served
+        """The pools this operator may choose (``LLMBATCH_POOLS``)."""
         self._pools: dict[str, dict[str, Any]] = {}
         self._confirmed: dict[str, float] = {}  # name -> when last read from the API server
 
     def notice(self, body: dict[str, Any], *, deleted: bool = False) -> None:
         """A watch event of a BatchPool (its body as the event carried it)."""
         name = (body.get("metadata") or {}).get("name")
-        if not name:
+        if not name or not self._served(name):
             return
         if deleted or (body.get("metadata") or {}).get("deletionTimestamp"):
             self._pools.pop(name, None)
@@ -59,7 +65,12 @@ class PoolCatalog:
         if chosen is not None and await self._confirm(chosen["metadata"]["name"]):
             return self._pools[chosen["metadata"]["name"]], known
         listed = await self._listing()
-        live = [p for p in listed if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        live = [
+            p
+            for p in listed
+            if not (p.get("metadata") or {}).get("deletionTimestamp")
+            and self._served(str((p.get("metadata") or {}).get("name") or ""))
+        ]
         return choose_pool(live, model, wanted), live
 
     async def _confirm(self, name: str) -> bool:

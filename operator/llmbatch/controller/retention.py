@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from llmbatch.api.resources import PoolRetention
 from llmbatch.controller import metrics
+from llmbatch.controller.archive import archive_batch
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
 from llmbatch.core import keys
@@ -31,7 +32,7 @@ from llmbatch.core.retention import (
     StoredFile,
     plan_retention,
 )
-from llmbatch.storage.base import ObjectStore, delete_under
+from llmbatch.storage.base import ObjectInfo, ObjectStore, delete_under
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class SweepReport:
     bytes_freed: int = 0
     published: int = 0
     work_areas_removed: int = 0
+    staged_removed: int = 0
+    batches_archived: int = 0
     errors: int = 0
 
     @property
@@ -53,6 +56,8 @@ class SweepReport:
             or self.bytes_freed
             or self.published
             or self.work_areas_removed
+            or self.staged_removed
+            or self.batches_archived
             or self.errors
         )
 
@@ -71,6 +76,10 @@ class RetentionSweeper:
         self.store = store
         self.config = config
         self.clock = clock
+        self._objects: dict[str, Mapping[str, Any]] = {}
+        """The Batch objects the last plan was made of, by uid."""
+        self._unclaimed: set[str] = set()
+        """Staged inline inputs the last sweep found without their Batch."""
         self.batches: Callable[[], list[dict[str, Any]] | None] | None = None
         """Every served Batch as the operator's cache holds them; None when it cannot tell
         yet (then they are listed): a sweep listing 10,000 Batches a minute moved 100 MB."""
@@ -97,10 +106,9 @@ class RetentionSweeper:
         # Files before batches: a batch created after its file was listed is then seen too.
         files = [StoredFile.from_object(o) async for o in self._each("batchfiles")]
         cached = self.batches() if self.batches is not None else None
-        if cached is not None:
-            batches = [BatchRef.from_object(o) for o in cached]
-        else:
-            batches = [BatchRef.from_object(o) async for o in self._each("batches")]
+        objects = cached if cached is not None else [o async for o in self._each("batches")]
+        batches = [BatchRef.from_object(o) for o in objects]
+        self._objects = {ref.uid: obj for ref, obj in zip(batches, objects, strict=True)}
         pools: dict[str, PoolRetention | None] = {}
         for pool in await self.kube.list_custom("batchpools"):
             settings = (pool.get("spec") or {}).get("retention")
@@ -110,7 +118,15 @@ class RetentionSweeper:
                 )
             except ValidationError:
                 pools[pool["metadata"]["name"]] = None  # the CRD schema makes this unreachable
-        return plan_retention(files, batches, self.config.retention, pools, now)
+        staged = [info.key async for info in self._staged()]
+        return plan_retention(files, batches, self.config.retention, pools, now, staged)
+
+    async def _staged(self) -> AsyncIterator[ObjectInfo]:
+        """The staged inline inputs of the served namespaces."""
+        for namespace in self.config.namespaces or (None,):
+            prefix = keys.INLINE_STAGING_PREFIX + (f"{namespace}/" if namespace else "")
+            for info in await asyncio.to_thread(_listed, self.store, prefix):
+                yield info
 
     async def sweep(self) -> SweepReport:
         """One pass: delete the due files and work areas, publish planned expiries."""
@@ -122,6 +138,16 @@ class RetentionSweeper:
             await self._guarded(report, self._publish(decision, report))
         for batch in plan.clean_work:
             await self._guarded(report, self._remove_work_area(batch, report))
+        for batch in plan.archive:
+            await self._guarded(report, self._archive(batch, report))
+        # Unclaimed at two sweeps in a row: the gateway stores an inline input just before it
+        # creates the Batch, so one sweep can see it without its Batch.
+        unclaimed = set(plan.unclaimed)
+        for key in sorted(unclaimed & self._unclaimed):
+            await self._guarded(report, asyncio.to_thread(self.store.delete, key))
+            report.staged_removed += 1
+            log.info("retention: removed the inline input %s: its Batch was never created", key)
+        self._unclaimed = unclaimed - self._unclaimed
         return report
 
     async def _each(self, plural: str) -> AsyncIterator[dict[str, Any]]:
@@ -198,3 +224,13 @@ class RetentionSweeper:
         )
         if marked:
             report.work_areas_removed += 1
+
+    async def _archive(self, batch: BatchRef, report: SweepReport) -> None:
+        obj = self._objects.get(batch.uid)
+        if obj is not None and await archive_batch(self.kube, self.store, obj, int(self.clock())):
+            metrics.RETENTION_BATCHES_ARCHIVED.inc()
+            report.batches_archived += 1
+
+
+def _listed(store: ObjectStore, prefix: str) -> list[ObjectInfo]:
+    return list(store.list(prefix))

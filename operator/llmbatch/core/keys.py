@@ -37,6 +37,28 @@ def work_prefix(namespace: str, batch_uid: str) -> str:
     return f"work/{namespace}/{batch_uid}"
 
 
+INLINE_STAGING_PREFIX = "inline/"
+
+
+def inline_staging_key(namespace: str, batch_id: str) -> str:
+    """Where the gateway stores a batch's inline requests at creation, before the Batch (and
+    its uid) exists: ``inline/<namespace>/<batch id>.jsonl``. The operator copies it into the
+    batch's work area at acceptance and removes it; retention removes one whose Batch never
+    came."""
+    return f"{INLINE_STAGING_PREFIX}{namespace}/{batch_id}.jsonl"
+
+
+ARCHIVE_PREFIX = "archive/"
+ANNOTATION_ARCHIVED = "llmbatch.io/archived"
+"""On a Batch: the archive key its final object was written to; it is being deleted."""
+
+
+def archive_key(namespace: str, batch_id: str) -> str:
+    """Where a finished Batch's final object is kept once it left the API server:
+    ``archive/<namespace>/<batch id>.json`` (core/archive.py)."""
+    return f"{ARCHIVE_PREFIX}{namespace}/{batch_id}.json"
+
+
 def inline_input_key(namespace: str, batch_uid: str) -> str:
     """Where inline ``spec.requests`` are written as JSONL before validation."""
     return f"{work_prefix(namespace, batch_uid)}/input.jsonl"

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from llmbatch.api.resources import PoolRetention
-from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core import keys
+from llmbatch.core.ids import batch_id_from_name, batch_object_name
+from llmbatch.core.keys import ANNOTATION_ARCHIVED
 from llmbatch.core.lifecycle import TERMINAL, unix_seconds
+from llmbatch.core.webhooks import DELIVERIES_ANNOTATION, Deliveries
 
 HOUR = 3600
 DAY = 24 * HOUR
@@ -58,6 +61,9 @@ class RetentionPolicy:
     """An accepted input: seconds kept after the last batch using it finished."""
     output_seconds: int = 7 * DAY
     """Output and error files: lifetime from creation unless the batch says otherwise."""
+    batch_seconds: int | None = None
+    """A finished Batch object: seconds it stays in the API server after it finished, then it
+    is archived in the store (``ttlSecondsAfterFinished``); None: until its results expire."""
 
     def for_pool(self, pool: PoolRetention | None) -> RetentionPolicy:
         """These defaults with a pool's settings on top (unset pool fields keep the default)."""
@@ -70,6 +76,7 @@ class RetentionPolicy:
                 pool.input_after_batch_seconds, self.input_after_batch_seconds
             ),
             output_seconds=_pick(pool.output_seconds, self.output_seconds),
+            batch_seconds=self.batch_seconds if pool.batch_seconds is None else pool.batch_seconds,
         )
 
 
@@ -178,6 +185,12 @@ class BatchRef:
     pool: str | None
     work_removed: bool
     """``status.workRemovedAt`` is set."""
+    output_seconds: int | None = None
+    """``spec.outputExpiresAfterSeconds``: the lifetime of its results the client asked for."""
+    archived: bool = False
+    """Archived in the store (``llmbatch.io/archived``): its deletion is under way."""
+    webhooks_pending: bool = False
+    """A webhook delivery of its end is still to be attempted (the record is on the object)."""
 
     @property
     def active(self) -> bool:
@@ -193,6 +206,7 @@ class BatchRef:
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> BatchRef:
         meta = obj.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         phase = _str(status.get("status"))
@@ -211,7 +225,19 @@ class BatchRef:
             finished_at=finished,
             pool=_str(status.get("pool")),
             work_removed=_int(status.get("workRemovedAt")) is not None,
+            output_seconds=_int(spec.get("outputExpiresAfterSeconds")),
+            archived=bool(_str(annotations.get(ANNOTATION_ARCHIVED))),
+            webhooks_pending=_webhooks_pending(annotations.get(DELIVERIES_ANNOTATION)),
         )
+
+
+def _webhooks_pending(raw: Any) -> bool:
+    if not isinstance(raw, str) or not raw:
+        return False
+    try:
+        return bool(Deliveries.model_validate_json(raw).pending())
+    except ValueError:
+        return False  # unreadable: the dispatcher reports it; retention does not wait on it
 
 
 # --- decisions --------------------------------------------------------------------------------
@@ -318,6 +344,27 @@ def work_area_due(batch: BatchRef, now: float) -> bool:
     return batch.finished_at is None or now >= batch.finished_at + SETTLE_SECONDS
 
 
+def batch_leaves_at(batch: BatchRef, policy: RetentionPolicy) -> int | None:
+    """When a finished Batch object leaves the API server for the archive: ``batch_seconds``
+    after it finished, by default when its results expire (the batch's own output lifetime,
+    else the pool's); None while it runs."""
+    if batch.active or batch.finished_at is None:
+        return None
+    if policy.batch_seconds is not None:
+        return batch.finished_at + policy.batch_seconds
+    return batch.finished_at + (batch.output_seconds or policy.output_seconds)
+
+
+def batch_archive_due(batch: BatchRef, policy: RetentionPolicy, now: float) -> bool:
+    """Archive and delete the Batch now: finished, its work area removed (so its deletion
+    has nothing left to clean), no webhook delivery of its end pending (their record is on the
+    object), past its time — or archived already (a sweep cut short)."""
+    if batch.active or not batch.work_removed or batch.webhooks_pending:
+        return False
+    leaves = batch_leaves_at(batch, policy)
+    return batch.archived or (leaves is not None and now >= leaves)
+
+
 @dataclass
 class RetentionPlan:
     """What one sweep should do."""
@@ -328,6 +375,12 @@ class RetentionPlan:
     """Files kept whose ``status.expiresAt`` / ``status.usedBy`` should change."""
     clean_work: list[BatchRef]
     """Finished batches whose work area goes now."""
+    archive: list[BatchRef] = field(default_factory=list)
+    """Finished batches whose object goes to the archive now (``batch_archive_due``)."""
+    unclaimed: list[str] = field(default_factory=list)
+    """Staged inline inputs (``core.keys.inline_staging_key``) no unfinished Batch will read: the
+    gateway stored them and then did not create the Batch, it was deleted before validation, or
+    it failed validation (acceptance pins the input and removes the staged copy itself)."""
 
 
 def plan_retention(
@@ -336,8 +389,10 @@ def plan_retention(
     default: RetentionPolicy,
     pools: Mapping[str, PoolRetention | None],
     now: float,
+    staged: Iterable[str] = (),
 ) -> RetentionPlan:
-    """Everything due at ``now``; running it twice over the result of the first is a no-op."""
+    """Everything due at ``now``; running it twice over the result of the first is a no-op.
+    ``staged``: the keys of the staged inline inputs in the store."""
     policies: dict[str | None, RetentionPolicy] = {
         name: default.for_pool(settings) for name, settings in pools.items()
     }
@@ -360,4 +415,21 @@ def plan_retention(
         elif decision.status_stale:
             plan.publish.append(decision)
     plan.clean_work = [b for b in batch_list if work_area_due(b, now)]
+    plan.archive = [
+        b for b in batch_list if batch_archive_due(b, _policy(policies, default, b.pool), now)
+    ]
+    # a finished batch never reads its staged input (one that failed validation kept it)
+    named = {(b.namespace, b.name) for b in batch_list if b.active}
+    plan.unclaimed = [key for key in staged if (owner := _staged_for(key)) and owner not in named]
     return plan
+
+
+def _staged_for(key: str) -> tuple[str, str] | None:
+    """(namespace, Batch name) a staged inline input was stored for."""
+    parts = key.removeprefix(keys.INLINE_STAGING_PREFIX).split("/")
+    if len(parts) != 2 or not parts[1].endswith(".jsonl"):
+        return None
+    batch_id = parts[1].removesuffix(".jsonl")
+    if not batch_id.startswith("batch_"):
+        return None
+    return parts[0], batch_object_name(batch_id)

@@ -112,7 +112,10 @@ def _queued_requests(batch: dict[str, Any]) -> int:
     total = (status.get("requestCounts") or {}).get("total") or 0
     if not total:
         raw = ((batch.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_REQUESTS, "")
-        total = int(raw) if raw.isdigit() else len((batch.get("spec") or {}).get("requests") or [])
+        spec = batch.get("spec") or {}
+        staged = (spec.get("inlineInput") or {}).get("requests")
+        inline = staged if isinstance(staged, int) else len(spec.get("requests") or [])
+        total = int(raw) if raw.isdigit() else inline
     return int(total)
 
 

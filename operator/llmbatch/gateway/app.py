@@ -18,6 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
 from llmbatch.gateway import metrics
+from llmbatch.gateway.archive import BatchArchive
 from llmbatch.gateway.auth import KeyRing, KeyWatcher
 from llmbatch.gateway.deps import Gateway, state_of
 from llmbatch.gateway.errors import install_handlers
@@ -94,14 +95,11 @@ async def _serving(
     kube_api: KubeAPI = kube or await GatewayKube.connect(cfg.kubeconfig)
     ring = KeyRing()
     metrics.count_keys(ring)
-    lists = Listings.of(kube_api, cfg.list_resync_seconds)
+    objects = metrics.instrument_store(store or open_store(cfg.store_uri))
+    archive = BatchArchive(objects)
+    lists = Listings.of(kube_api, cfg.list_resync_seconds, archive)
     app.state.gateway = Gateway(
-        cfg,
-        kube_api,
-        metrics.instrument_store(store or open_store(cfg.store_uri)),
-        ring,
-        ReadCache(kube_api, cfg.read_cache_seconds),
-        lists,
+        cfg, kube_api, objects, ring, ReadCache(kube_api, cfg.read_cache_seconds), lists, archive
     )
     watcher = KeyWatcher(kube_api, cfg.gateway_namespace, ring, cfg.key_resync_seconds)
     watcher.start()

@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from llmbatch import logs
 from llmbatch.gateway import metrics
+from llmbatch.gateway.archive import BatchArchive
 from llmbatch.gateway.auth import KeyRing, Principal
 from llmbatch.gateway.errors import APIError, unauthorized
 from llmbatch.gateway.kube import KubeAPI
@@ -29,6 +30,8 @@ class Gateway:
     keyring: KeyRing
     reads: ReadCache
     lists: Listings
+    archive: BatchArchive
+    """Finished batches that left the API server (retention): answered from the store."""
 
 
 def state_of(request: Request) -> Gateway:

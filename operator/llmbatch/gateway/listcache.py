@@ -24,6 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llmbatch.api.openai import TERMINAL_STATUSES
+from llmbatch.core.keys import ANNOTATION_ARCHIVED
+from llmbatch.gateway.archive import BatchArchive
 from llmbatch.gateway.kube import KubeAPI, WatchExpired
 from llmbatch.gateway.listindex import Entry, ListIndex
 from llmbatch.gateway.mapping import (
@@ -58,12 +61,14 @@ def _version(obj: dict[str, Any]) -> int | None:
 
 
 def batch_entry(obj: dict[str, Any]) -> Entry | None:
-    """A Batch as listed; objects not named ``batch-*`` (made by hand) are not listed."""
-    name = str((obj.get("metadata") or {}).get("name") or "")
-    if not name.startswith("batch-"):
+    """A Batch (or its archived record) as listed; objects not named ``batch-*`` (made by hand)
+    are not listed."""
+    meta = obj.get("metadata") or {}
+    if not str(meta.get("name") or "").startswith("batch-"):
         return None
     data = batch_to_openai(obj).model_dump(mode="json")
-    return Entry(data["id"], batch_sort_key(obj), data, version=_version(obj))
+    archived = bool((meta.get("annotations") or {}).get(ANNOTATION_ARCHIVED))
+    return Entry(data["id"], batch_sort_key(obj), data, version=_version(obj), archived=archived)
 
 
 def file_entry(obj: dict[str, Any]) -> Entry | None:
@@ -99,12 +104,15 @@ class ListCache:
         resync_seconds: float,
         watch_seconds: int = WATCH_SECONDS,
         index: ListIndex | None = None,
+        archive: BatchArchive | None = None,
     ) -> None:
         self.kube = kube
         self.kind = kind
         self.resync_seconds = resync_seconds
         self.watch_seconds = watch_seconds
         self.index = index or ListIndex()
+        self.archive = archive
+        """Where the records of the kind's objects that left the API server are (batches)."""
         self.first_sync = asyncio.Event()
         self.relists = 0
         self._deleted: dict[tuple[str, str], float] = {}  # (namespace, id) → when, by us
@@ -146,7 +154,9 @@ class ListCache:
         namespace = _namespace(obj)
         if _stale(self.index.get(namespace, entry.id), entry.version):
             return  # e.g. the watch catching up on a change the gateway wrote through already
-        if kind == "DELETED":
+        if kind == "DELETED" and entry.archived:
+            self.index.put(namespace, entry)  # moved to the archive: still listed
+        elif kind == "DELETED":
             self._deleted.pop((namespace, entry.id), None)
             self.index.remove(namespace, entry.id)
         elif not self._deleted_here(namespace, entry.id):
@@ -165,7 +175,7 @@ class ListCache:
                 fresh[namespace, entry.id] = entry
         for namespace, held in self.index.items():
             newer = at is not None and held.version is not None and held.version > at
-            if newer:
+            if newer or (held.archived and (namespace, held.id) not in fresh):
                 fresh[namespace, held.id] = held
         self.index.replace((namespace, entry) for (namespace, _), entry in fresh.items())
 
@@ -188,6 +198,8 @@ class ListCache:
         backoff = 0.5
         while True:
             try:
+                if self.archive is not None and not self.synced:
+                    await self._load_archive()
                 version = await self._relist()
                 self.first_sync.set()
                 backoff = 0.5
@@ -203,6 +215,29 @@ class ListCache:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
+    async def _load_archive(self) -> None:
+        """The archived records, before the first listing (which keeps them: a live object of
+        the same id, being archived, replaces its record)."""
+        assert self.archive is not None
+        for record in await self.archive.load():
+            entry = self.kind.entry(record)
+            if entry is not None:
+                self.index.put(_namespace(record), entry)
+
+    async def _recover_archived(self, listed: list[tuple[str, Entry]]) -> None:
+        """Finished entries the listing no longer has and whose move to the archive this
+        cache did not see (a watch gap): their records come back from the store."""
+        if self.archive is None:
+            return
+        present = {(namespace, entry.id) for namespace, entry in listed}
+        for namespace, held in list(self.index.items()):
+            finished = held.data.get("status") in TERMINAL_STATUSES
+            if not held.archived and finished and (namespace, held.id) not in present:
+                record = await self.archive.get(namespace, held.id)
+                entry = self.kind.entry(record) if record is not None else None
+                if entry is not None:
+                    self.index.put(namespace, entry)
+
     async def _relist(self) -> str:
         """List the kind page by page, mapping as the pages come; the listing's version."""
         listed: list[tuple[str, Entry]] = []
@@ -215,6 +250,7 @@ class ListCache:
                     if entry is not None:
                         listed.append((_namespace(obj), entry))
                 await asyncio.sleep(0)
+        await self._recover_archived(listed)
         self.replace(listed, version)
         self.relists += 1
         return version
@@ -240,8 +276,13 @@ class Listings:
     files: ListCache
 
     @classmethod
-    def of(cls, kube: KubeAPI, resync_seconds: float) -> Listings:
-        return cls(ListCache(kube, BATCHES, resync_seconds), ListCache(kube, FILES, resync_seconds))
+    def of(
+        cls, kube: KubeAPI, resync_seconds: float, archive: BatchArchive | None = None
+    ) -> Listings:
+        return cls(
+            ListCache(kube, BATCHES, resync_seconds, archive=archive),
+            ListCache(kube, FILES, resync_seconds),
+        )
 
     @property
     def synced(self) -> bool:

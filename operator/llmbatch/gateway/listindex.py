@@ -42,6 +42,8 @@ class Entry:
     """A sub-list the entry is also in (a file's purpose), so a filtered page is O(page) too."""
     version: int | None = None
     """The object's resourceVersion, when it is a number (the cache orders writes by it)."""
+    archived: bool = False
+    """Its record is in the archive (a finished batch): it stays listed once its object goes."""
 
 
 class _Ordered:

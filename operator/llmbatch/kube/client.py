@@ -313,15 +313,23 @@ class KubeClient:
         return written
 
     async def delete_custom(
-        self, plural: str, namespace: str, name: str, uid: str | None = None
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        uid: str | None = None,
+        *,
+        orphan: bool = False,
     ) -> bool:
-        """Delete one object (only that incarnation when ``uid`` is given).
+        """Delete one object (only that incarnation when ``uid`` is given); ``orphan`` keeps
+        the objects it owns (the garbage collector drops their owner references instead).
 
         True when this call deleted it; False when it was already gone or is another object of
         the same name now — both count as done.
         """
         body = client.V1DeleteOptions(
-            preconditions=client.V1Preconditions(uid=uid) if uid else None
+            preconditions=client.V1Preconditions(uid=uid) if uid else None,
+            propagation_policy="Orphan" if orphan else None,
         )
         try:
             await self.call(

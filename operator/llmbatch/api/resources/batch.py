@@ -15,6 +15,7 @@ from llmbatch.api.resources.fields import (
     DNSName,
     Label,
     ObjectID,
+    Sha256,
     ShortText,
     StoreKey,
     Text,
@@ -65,15 +66,32 @@ class InlineRequest(CRModel):
     """The request body, exactly as the endpoint takes it."""
 
 
+class InlineInputRef(CRModel):
+    """Inline requests the gateway wrote to the store when the batch was created, as an upload
+    would: the Batch keeps a reference and the count, so it stays a few KB whatever it carries
+    (listings, watches and etcd move the object, not its requests)."""
+
+    key: StoreKey
+    """Where the requests are, as JSONL (``inline/<namespace>/<batch id>.jsonl``)."""
+    requests: Annotated[int, Field(ge=1, le=1000)]
+    """How many requests it holds."""
+    bytes: Annotated[int, Field(ge=0)]
+    """Its size."""
+    sha256: Sha256
+    """Its SHA-256 (hex): the operator reads exactly what the gateway wrote."""
+
+
 class BatchSpec(CRModel):
     """What the user asked for. Everything but cancel is immutable after creation."""
 
     endpoint: EndpointPath
     """The API every request in the batch calls."""
     input_file_id: ObjectID | None = Field(default=None, alias="inputFileID")
-    """Id of the BatchFile (purpose batch) with the requests; exactly one of this and requests."""
+    """Id of the BatchFile (purpose batch) with the requests; one of three inputs."""
     requests: Annotated[list[InlineRequest], Field(max_length=1000)] | None = None
-    """Requests given inline; exactly one of this and inputFileID."""
+    """Requests given inline (kubectl); one of three inputs."""
+    inline_input: InlineInputRef | None = Field(default=None, alias="inlineInput")
+    """Inline requests the gateway stored at creation (POST with requests); one of three inputs."""
     completion_window: Annotated[
         str, StringConstraints(max_length=8, pattern=r"^[1-9][0-9]{0,5}[smh]$")
     ] = "24h"
@@ -100,6 +118,7 @@ class BatchSpec(CRModel):
         "endpoint",
         "input_file_id",
         "requests",
+        "inline_input",
         "completion_window",
         "priority",
         "pool",

@@ -165,6 +165,9 @@ class PoolRetention(CRModel):
     """Seconds an accepted input is kept after its last batch finished (default 0)."""
     output_seconds: Annotated[int, Field(ge=1, le=2592000)] | None = None
     """Lifetime of output and error files unless the batch sets one (default 7 days)."""
+    batch_seconds: Annotated[int, Field(ge=0, le=31536000)] | None = None
+    """Seconds a finished Batch object stays in the API server before it is archived in the
+    store (still answered by the gateway); default: until its results expire."""
 
 
 class BatchPoolSpec(CRModel):

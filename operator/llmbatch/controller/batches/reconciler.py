@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmbatch.api.resources import BatchBilling, BatchPoolSpec, Phase, RequestCounts
+from llmbatch.controller.archive import is_archived
 from llmbatch.controller.batches.finalize import Finalization
 from llmbatch.controller.batches.gputime import gpu_time_charge
 from llmbatch.controller.batches.run import ShardRuns
@@ -56,6 +57,7 @@ class BatchReconciler:
         self.pool_catalog = PoolCatalog(
             lambda: kube.list_custom("batchpools"),
             lambda name: kube.get_custom("batchpools", None, name),
+            served=lambda name: not config.pools or name in config.pools,
         )
         """The BatchPools from the watch (``handlers.pool_seen``): acceptance chooses from it."""
         self.validation = Validation(kube, store, self.credits, self.pool_catalog, clock)
@@ -187,7 +189,8 @@ class BatchReconciler:
 
     async def delete(self, body: dict[str, Any]) -> None:
         """Take the batch's shards back from their slots, remove its work area and result bytes
-        (their BatchFiles are owned)."""
+        (their BatchFiles are owned). A batch retention archived keeps its results: their
+        BatchFiles were orphaned and expire on their own clock (controller/archive.py)."""
         batch = BatchView.parse(body)
         await self._release_on_delete(batch)
         await self.finalization.release_shards(batch)
@@ -195,6 +198,7 @@ class BatchReconciler:
         results = [
             keys.file_key(batch.namespace, keys.derived_file_id(batch.uid, purpose))
             for purpose in ("output", "errors")
+            if not is_archived(body)
         ]
 
         def remove() -> None:

@@ -39,6 +39,8 @@ from llmbatch.core.admission import (
     max_requests,
     output_limit_required,
 )
+from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.inline import inline_file
 from llmbatch.core.validation import (
     ErrorCode,
     InvalidLine,
@@ -94,7 +96,8 @@ class Validation:
         started = time.perf_counter()
         try:
             input_key, pool, verdict = await self._check(batch)
-            if batch.spec.requests is None:
+            pinned = keys.inline_input_key(batch.namespace, batch.uid)
+            if input_key != pinned:
                 input_key = await self._pin_input(batch, input_key, verdict.total_bytes)
             charges, pricing = await self._reserve(batch, pool, verdict)
         except Rejected as rejected:
@@ -186,17 +189,12 @@ class Validation:
 
     async def _input_key(self, batch: BatchView) -> str:
         spec = batch.spec
-        if spec.requests is not None:
+        if spec.requests is not None:  # applied with kubectl: the requests are in the object
             key = keys.inline_input_key(batch.namespace, batch.uid)
-            data = b"".join(
-                orjson.dumps(
-                    {"custom_id": r.custom_id, "method": r.method, "url": r.url, "body": r.body}
-                )
-                + b"\n"
-                for r in spec.requests
-            )
-            await asyncio.to_thread(self.store.put, key, data)
+            await asyncio.to_thread(self.store.put, key, inline_file(spec.requests).data)
             return key
+        if spec.inline_input is not None:
+            return await self._staged_input(batch)
         file_id = spec.input_file_id or ""
         batch_file = await self.kube.get_custom("batchfiles", batch.namespace, file_id)
         if batch_file is None:
@@ -223,6 +221,30 @@ class Validation:
             )
         return storage_key
 
+    async def _staged_input(self, batch: BatchView) -> str:
+        """The inline requests the gateway stored at creation: only at the key derived from the
+        batch's own namespace and id (a Batch applied by hand cannot name another's), with the
+        size the gateway recorded. Pinning removes the staged copy; an operator that stopped
+        between that and the status patch finds the pinned copy on its next pass."""
+        staged = batch.spec.inline_input
+        assert staged is not None
+        key = keys.inline_staging_key(batch.namespace, batch_id_from_name(batch.name))
+        if staged.key != key:
+            message = f"inlineInput.key must be {key}; refusing to read {staged.key}"
+            raise Rejected([error("invalid_input", message, "inlineInput")])
+        info = await asyncio.to_thread(self.store.head, key)
+        if info is None:
+            pinned = keys.inline_input_key(batch.namespace, batch.uid)
+            info = await asyncio.to_thread(self.store.head, pinned)
+            if info is not None and info.size == staged.bytes:
+                return pinned
+        if info is not None and info.sha256 and info.sha256 != staged.sha256:
+            raise Rejected([error("invalid_input", "The inline requests changed.", "inlineInput")])
+        if info is None or info.size != staged.bytes:
+            found = "gone" if info is None else f"{info.size} bytes, not {staged.bytes}"
+            raise Rejected([error("invalid_input", f"The inline requests are {found}.")])
+        return key
+
     async def _pin_input(self, batch: BatchView, key: str, size: int) -> str:
         """Copy the validated input into the batch's work area; the shards and finalisation read
         the copy, so a user may delete the file (OpenAI allows it) while the batch runs: it leaves
@@ -234,6 +256,8 @@ class Validation:
         except (ObjectNotFound, IntegrityError) as exc:
             message = f"The input file changed or is gone: {exc}"
             raise Rejected([error("invalid_file", message)]) from exc
+        if batch.spec.inline_input is not None:  # the staged copy is the batch's: now pinned
+            await asyncio.to_thread(self.store.delete, key)
         return pinned
 
     def _peek_model(self, key: str) -> str | None:

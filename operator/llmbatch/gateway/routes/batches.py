@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -10,9 +12,12 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
 
 from llmbatch.api.openai import TERMINAL_STATUSES, Batch, ListPage
+from llmbatch.api.resources import InlineInputRef
+from llmbatch.core import keys
 from llmbatch.core.admission import Refusal, check_pool_queue, choose_pool
 from llmbatch.core.billing import BatchSize, Estimate
 from llmbatch.core.ids import batch_id_from_name, batch_object_name
+from llmbatch.core.inline import inline_file
 from llmbatch.gateway import metrics
 from llmbatch.gateway.admission import (
     has_tenant_quota,
@@ -80,6 +85,7 @@ async def create_batch(
         who.namespace, await gw.kube.namespace_annotations(who.namespace), request.spec.priority
     )
     admitted = await _admit(gw, who.namespace, annotations, name, request, size, model)
+    request = await _stage_inline(gw, who.namespace, name, request)
     manifest = batch_manifest(
         name,
         who.namespace,
@@ -90,6 +96,25 @@ async def create_batch(
         now_ns=time.time_ns(),
     )
     return json_response(batch_to_openai(await _create(gw, manifest, admitted, request, label)))
+
+
+async def _stage_inline(
+    gw: Gateway, namespace: str, name: str, request: BatchRequest
+) -> BatchRequest:
+    """Inline requests go to the store, as an upload would, and the Batch refers to them
+    (``spec.inlineInput``): a Batch stays a few KB whatever it carries. Written before the
+    Batch is created; one whose create then fails is removed by retention."""
+    requests = request.spec.requests
+    if requests is None:
+        return request
+    stored = inline_file(requests)
+    key = keys.inline_staging_key(namespace, batch_id_from_name(name))
+    await asyncio.to_thread(gw.store.put, key, stored.data, sha256=stored.sha256)
+    ref = InlineInputRef(
+        key=key, requests=stored.requests, bytes=len(stored.data), sha256=stored.sha256
+    )
+    spec = request.spec.model_copy(update={"requests": None, "inline_input": ref})
+    return dataclasses.replace(request, spec=spec)
 
 
 async def _input_size(
@@ -184,6 +209,8 @@ async def _get_batch(gw: Gateway, namespace: str, batch_id: str) -> dict[str, An
     if not BATCH_ID.match(batch_id):
         raise not_found("batch", batch_id, "batch_id")
     obj = await gw.reads.get("batches", namespace, batch_object_name(batch_id))
+    if obj is None:  # finished long ago: retention moved it to the archive
+        obj = await gw.archive.get(namespace, batch_id)
     if obj is None:
         raise not_found("batch", batch_id, "batch_id")
     return obj
