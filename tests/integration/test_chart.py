@@ -169,6 +169,17 @@ def test_slot_settings_reach_the_operator() -> None:
     )
 
 
+def test_a_restarted_operator_is_its_own_peer() -> None:
+    """kopf's peer identity is the pod (POD_ID): a container restarted in its pod is not held
+    off by its own stale entry; a replacement pod waits the peering lifetime at most."""
+    env = {e["name"]: e for e in _container(render(), "llmbatch-operator")["env"]}
+    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["LLMBATCH_PEERING_LIFETIME"]["value"] == "20"
+    objects = render(sets=("operator.peeringLifetimeSeconds=45",))
+    env = {e["name"]: e for e in _container(objects, "llmbatch-operator")["env"]}
+    assert env["LLMBATCH_PEERING_LIFETIME"]["value"] == "45"
+
+
 def test_metrics_never_on_the_api_service() -> None:
     objects = render()
     api = _find(objects, "Service", "llmbatch-gateway")

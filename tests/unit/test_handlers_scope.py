@@ -36,3 +36,20 @@ def test_every_batch_handler_is_filtered_by_the_served_namespaces(
 def test_no_batch_has_a_timer_or_a_daemon() -> None:
     """A timer per batch makes the operator's work grow with the batches that exist."""
     assert _batch_handlers("_spawning") == []
+
+
+def test_a_dead_replica_holds_off_its_replacement_for_the_peering_lifetime_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf pauses an operator while another live peer of its priority is listed; a replica
+    killed without leaving stays listed for its lifetime, kopf's default 60 s (#30: restart
+    -> serving within 60 s). Ours is 20 s, never under 10 s (keep-alives go 5-10 s sooner)."""
+    from llmbatch.controller.config import OperatorConfig
+
+    monkeypatch.setenv("LLMBATCH_STORE_URI", "file:///tmp/unused")
+    monkeypatch.delenv("LLMBATCH_PEERING_LIFETIME", raising=False)
+    assert OperatorConfig.from_env().peering_lifetime == 20
+    monkeypatch.setenv("LLMBATCH_PEERING_LIFETIME", "45")
+    assert OperatorConfig.from_env().peering_lifetime == 45
+    monkeypatch.setenv("LLMBATCH_PEERING_LIFETIME", "3")
+    assert OperatorConfig.from_env().peering_lifetime == 10

@@ -107,6 +107,11 @@ class OperatorConfig:
     """Seconds between upkeep passes over the CreditAccounts (0: none)."""
     peering: str = "llmbatch"
     """kopf peering name; replicas with the same name never act at once."""
+    peering_lifetime: int = 20
+    """Seconds a replica's peering entry lives without a keep-alive. kopf pauses a replica while
+    another live entry of the same priority exists, so a replica that died without removing its
+    entry (SIGKILL, a lost node) holds off its replacement this long; kopf's default of 60 s is
+    most of the restart budget (docs/operations.md). Keep-alives go every lifetime - 5..10 s."""
     namespaces: tuple[str, ...] = field(default_factory=tuple)
     """Namespaces to watch; empty: the whole cluster."""
     pools: tuple[str, ...] = field(default_factory=tuple)
@@ -141,6 +146,7 @@ class OperatorConfig:
             priority_class_prefix=os.environ.get("LLMBATCH_PRIORITY_CLASS_PREFIX") or None,
             credit_repair_interval=_float("LLMBATCH_CREDIT_REPAIR_INTERVAL", 30.0),
             peering=os.environ.get("LLMBATCH_PEERING", "llmbatch"),
+            peering_lifetime=max(10, int(_float("LLMBATCH_PEERING_LIFETIME", 20))),
             retention=_retention_from_env(),
             retention_interval=_float("LLMBATCH_RETENTION_INTERVAL", 60.0),
             namespaces=tuple(n for n in namespaces.split(",") if n),

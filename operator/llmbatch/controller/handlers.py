@@ -58,6 +58,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.inactivity_timeout = 300
     settings.networking.request_timeout = 60
     settings.peering.name = config.peering
+    settings.peering.lifetime = config.peering_lifetime
     kube = await Kube.connect(request_timeout=REQUEST_TIMEOUT)
     # kopf only patches the peering object; a missing one means replicas would not see each other.
     await kube.ensure_cluster_peering(config.peering)
