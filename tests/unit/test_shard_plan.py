@@ -72,3 +72,50 @@ def test_plan_covers_every_line_once(data: bytes, shard_requests: int, chunk: in
         pieced.extend(got)
     assert pieced == whole
     assert sum(s.line_count for s in shards) == result.line_count
+
+
+def test_a_big_input_on_small_shards_stays_within_the_shard_limit() -> None:
+    """The plan lives in the Batch's status: 5,000 requests at shardRequests 1 would be 5,000
+    shards (past the CRD's 1,000 and most of etcd's object limit); neighbours are joined."""
+    from llmbatch.core.validation.shards import MAX_SHARDS
+
+    data = b"\n".join(_request(i, "x") for i in range(5000)) + b"\n"
+    result = validate_stream([data], endpoint=CHAT, shard_requests=1)
+    assert result.ok
+    assert result.request_count == 5000
+    assert MAX_SHARDS // 2 <= len(result.shards) <= MAX_SHARDS
+    assert [s.index for s in result.shards] == list(range(len(result.shards)))
+    assert sum(s.request_count for s in result.shards) == 5000
+    assert max(s.request_count for s in result.shards) <= 2 * -(-5000 // MAX_SHARDS)
+    whole = list(iter_lines([data]))
+    pieced = [
+        line
+        for s in result.shards
+        for line in iter_lines([data[s.start : s.end]], first_line=s.first_line)
+    ]
+    assert pieced == whole
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(st.booleans(), min_size=1, max_size=200),
+    size=st.integers(1, 5),
+    limit=st.integers(2, 6),
+)
+def test_joined_shards_stay_contiguous(lines: list[bool], size: int, limit: int) -> None:
+    from llmbatch.core.validation.shards import ShardCutter
+
+    cutter = ShardCutter(size, limit=limit)
+    for offset, is_request in enumerate(lines, start=1):
+        cutter.add_line(is_request, offset * 10)
+    cutter.close(len(lines) * 10)
+    shards = cutter.shards
+    assert len(shards) <= limit
+    assert [s.index for s in shards] == list(range(len(shards)))
+    assert shards[0].start == 0
+    assert shards[-1].end == len(lines) * 10
+    for before, after in itertools.pairwise(shards):
+        assert before.end == after.start
+        assert after.first_line == before.first_line + before.line_count
+    assert sum(s.line_count for s in shards) == len(lines)
+    assert sum(s.request_count for s in shards) == sum(lines)

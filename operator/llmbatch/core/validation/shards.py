@@ -17,11 +17,21 @@ class ShardRange:
     request_count: int
 
 
+#: The most shards a plan has, whatever the pool's ``shardRequests``: the plan lives in the
+#: Batch's status (about 250 bytes a shard), which every watch event and patch moves and etcd
+#: caps at 1.5 MiB. 200 shards keep a 50,000-request batch under ~50 KB of shard status and are
+#: still far more shards than a pool has slots to run them on at once.
+MAX_SHARDS = 200
+
+
 @dataclass
 class ShardCutter:
-    """Cuts line boundaries into shards of at most ``size`` requests."""
+    """Cuts line boundaries into shards of at most ``size`` requests, and at most ``limit``
+    shards: when the plan reaches the limit, neighbouring shards are joined in pairs and the
+    size doubles, so a big input on a pool of small shards gets fewer, bigger ones."""
 
     size: int
+    limit: int = MAX_SHARDS
     shards: list[ShardRange] = field(default_factory=list)
     start: int = 0
     first_line: int = 1
@@ -62,3 +72,21 @@ class ShardCutter:
         )
         self.start, self.first_line = end, self.first_line + self.lines
         self.lines = self.requests = 0
+        if len(self.shards) >= self.limit:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        """Join neighbouring shards in pairs and double the size of the shards still to cut."""
+        pairs = [self.shards[i : i + 2] for i in range(0, len(self.shards), 2)]
+        self.shards = [
+            ShardRange(
+                index,
+                pair[0].start,
+                pair[-1].end,
+                pair[0].first_line,
+                sum(r.line_count for r in pair),
+                sum(r.request_count for r in pair),
+            )
+            for index, pair in enumerate(pairs)
+        ]
+        self.size *= 2
