@@ -180,6 +180,23 @@ def test_a_restarted_operator_is_its_own_peer() -> None:
     assert env["LLMBATCH_PEERING_LIFETIME"]["value"] == "45"
 
 
+def test_key_secrets_in_their_own_namespace_bound_the_gateways_secret_access() -> None:
+    """RBAC cannot narrow a list/watch of Secrets by label: with gateway.keysNamespace the
+    gateway's Secret access is that namespace only, never the release namespace's (Ingress
+    certificate, store credentials, Helm's release records)."""
+    sets = ("gateway.keysNamespace=llmbatch-keys",)
+    objects = render(sets=sets)
+    gateway = granted(objects)["llmbatch-gateway"]
+    with_secrets = {scope for scope, resources in gateway.items() if "secrets" in resources}
+    assert with_secrets == {"llmbatch-keys"}
+    env = {e["name"]: e for e in _container(objects, "llmbatch-gateway")["env"]}
+    assert env["LLMBATCH_GATEWAY_NAMESPACE"]["value"] == "llmbatch-keys"
+    namespace = _find(objects, "Namespace", "llmbatch-keys")
+    assert namespace["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    default = granted(render())["llmbatch-gateway"]
+    assert {s for s, r in default.items() if "secrets" in r} == {"llmbatch-system"}
+
+
 def test_metrics_never_on_the_api_service() -> None:
     objects = render()
     api = _find(objects, "Service", "llmbatch-gateway")
