@@ -34,7 +34,7 @@ class LineSplitter:
         for raw in parts:
             self.number += 1
             self.consumed += len(raw) + 1
-            text = _clean(raw, self.number)
+            text = clean_line(raw, self.number)
             if text:
                 found.append((self.number, text))
         return found
@@ -46,7 +46,7 @@ class LineSplitter:
         raw, self._pending = self._pending, b""
         self.number += 1
         self.consumed += len(raw)
-        text = _clean(raw, self.number)
+        text = clean_line(raw, self.number)
         return [(self.number, text)] if text else []
 
 
@@ -59,8 +59,11 @@ def iter_lines(chunks: Iterable[bytes], first_line: int = 1) -> Iterator[tuple[i
     yield from splitter.finish()
 
 
-def _clean(raw: bytes, number: int) -> bytes:
+def clean_line(raw: bytes, number: int) -> bytes:
+    """Line ``number``'s text without its newline: without the BOM of line 1 and a trailing CR;
+    empty when the line is blank (the one rule of what a line is, for every reader)."""
     text = raw[len(UTF8_BOM) :] if number == 1 and raw.startswith(UTF8_BOM) else raw
     if text.endswith(b"\r"):
         text = text[:-1]
-    return text if text.strip() else b""
+    # Only a line starting with whitespace can be blank: no strip() copy of every other line.
+    return b"" if not text or (text[0] in WHITESPACE and not text.strip()) else text

@@ -21,7 +21,7 @@ from llmbatch.core.validation.limits import (
     ValidationLimits,
     normalize_endpoint,
 )
-from llmbatch.core.validation.lines import UTF8_BOM, WHITESPACE
+from llmbatch.core.validation.lines import clean_line
 from llmbatch.core.validation.request import check_request
 from llmbatch.core.validation.shards import ShardCutter, ShardRange
 
@@ -174,12 +174,8 @@ class LineValidator:
         self._line += 1
         line_no = self._line
         self._offset += length
-        text = raw
-        if line_no == 1 and text.startswith(UTF8_BOM):
-            text = text[len(UTF8_BOM) :]
-        if text.endswith(b"\r"):
-            text = text[:-1]
-        if not text or (text[0] in WHITESPACE and not text.strip()):
+        text = clean_line(raw, line_no)
+        if not text:
             self._cutter.add_line(False, self._offset)
             return
         self._count_request()
