@@ -19,6 +19,7 @@ from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.batchwork import BatchWork
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import REQUEST_TIMEOUT, Kube
+from llmbatch.controller.namespaces import NamespaceCache
 from llmbatch.controller.pools import PoolScheduler, running_entry
 from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.controller.webhooks import WebhookDispatcher
@@ -68,6 +69,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         kube, metrics.instrument_store(open_store(config.store_uri)), config
     )
     memo.pools = PoolScheduler(kube, memo.batches.store, config)
+    memo.namespaces = NamespaceCache()
+    memo.pools.slots.tenant_weight = memo.namespaces.weight
+    memo.batches.validation.namespace_annotations = memo.namespaces.annotations
     memo.work = BatchWork(
         memo.batches,
         kube,
@@ -174,6 +178,15 @@ async def pool_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_:
         reconciler_interval = memo.config.reconcile_interval
         # after the reconciler's read of the pool expires, so it sees the pool gone
         work.push_pool(body["metadata"]["name"], after=reconciler_interval + 0.5)
+
+
+@kopf.on.event("", "v1", "namespaces")
+async def namespace_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the tenants' annotations (fair-share weights, the expedited switch) for the pool
+    rounds and acceptance. No I/O: async so it runs on the loop."""
+    namespaces: NamespaceCache | None = getattr(memo, "namespaces", None)
+    if namespaces is not None:
+        namespaces.notice(dict(body), deleted=event.get("type") == "DELETED")
 
 
 @kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)

@@ -34,6 +34,7 @@ from llmbatch.controller.slotstate import (
     Work,
     lease_key,
     max_num_seqs,
+    pool_shares,
     pool_work,
     slot_views,
     slots_signature,
@@ -82,6 +83,8 @@ class SlotScheduler:
         # The round's own threads: in the shared pool its few calls would queue behind the
         # store calls of every batch's reconcile, hundreds of them under load.
         self._threads = ThreadPoolExecutor(ROUND_THREADS, thread_name_prefix="pool-round")
+        self.tenant_weight: Callable[[str], float] = lambda _tenant: 1.0
+        """A tenant's fair-share weight (the operator's namespace cache; 1 until it is set)."""
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` (store calls) in one of the round's threads."""
@@ -127,7 +130,8 @@ class SlotScheduler:
         waiting = await self._io(self._waiting, name, candidates)
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
         views = slot_views(live, capacity, pool.slot_queue)
-        placement = place((w.queued for w in waiting), views, desired, capacity)
+        shares = pool_shares(work, held, self.tenant_weight)
+        placement = place((w.queued for w in waiting), views, desired, capacity, shares)
         await self._carry_out(name, pool, pool_uid, placement, waiting, now, result)
         if pool.preemption == "LowerPriority" and placement.waiting:
             await self._preempt(name, pool, live, running, placement.waiting, result)

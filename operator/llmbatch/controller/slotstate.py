@@ -6,6 +6,8 @@ Plain data and small pure helpers for :mod:`llmbatch.controller.slots`.
 from __future__ import annotations
 
 import secrets
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +15,7 @@ from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.api.slot import Assignment, SlotHeartbeat
 from llmbatch.controller.jobs import engine_args
 from llmbatch.core import keys, tiers
-from llmbatch.core.scheduling import QueuedShard
+from llmbatch.core.scheduling import QueuedShard, Shares
 from llmbatch.core.slots import SlotView
 from llmbatch.core.workqueue import Priority
 from llmbatch.storage.slotchannel import SlotChannel
@@ -197,6 +199,16 @@ def pool_work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
                 since=float(status.get("inProgressAt") or 0),
             )
     return found
+
+
+def pool_shares(
+    work: Mapping[str, Work], held: Iterable[str], weight_of: Callable[[str], float]
+) -> Shares:
+    """The seats each tenant holds on the pool's slots (its shards ``held`` there, running or
+    queued), and the weights of the tenants with work in the pool (``core.scheduling``)."""
+    seats = Counter(work[key].queued.tenant for key in held if key in work)
+    tenants = {w.queued.tenant for w in work.values()}
+    return Shares(seats=seats, weights={t: weight_of(t) for t in tenants})
 
 
 def slot_views(live: list[ObservedSlot], capacity: int, queue: int | None) -> list[SlotView]:

@@ -1,16 +1,42 @@
 """Which waiting shards get the free slots of a pool.
 
-Order: tier (expedited > standard > flex), then round-robin across the batches of a tier (every
-batch's first waiting shard before any batch's second, so one huge batch cannot starve a small
-one), then batch creation time, then shard index.
+Order: tier first (expedited > standard > flex, as the seeds require); within a tier, the tenant
+furthest below its fair share of the pool's seats; within a tenant, round-robin across its
+batches (every batch's first waiting shard before any batch's second, so one huge batch cannot
+starve a small one), then batch creation time, then shard index.
+
+A tenant's fair share is its weight over the weights of the tenants with work waiting or
+running (:class:`Shares`): the queue hands each next seat to the tenant with the fewest seats
+per unit of weight, counting the seats it holds now and those this order has given it already.
+Nothing is reserved: a tenant with nothing waiting takes no turn, so its share goes to whoever
+has work (work-conserving), and comes back to it as seats free — a tenant's first batch created
+behind another tenant's thousand goes first at the next free seat, not after them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from llmbatch.core.tiers import TIER_RANK
+
+#: The namespace annotation of a tenant's weight in every pool's fair sharing (default 1).
+WEIGHT_ANNOTATION = "llmbatch.io/fair-share-weight"
+#: Weights outside this range are clamped: 0 would starve a tenant, a huge one starve the rest.
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 1000.0
+
+
+def tenant_weight(annotations: Mapping[str, str] | None) -> float:
+    """A tenant's weight from its namespace's annotations: 1 when unset or not a number."""
+    raw = (annotations or {}).get(WEIGHT_ANNOTATION, "")
+    try:
+        weight = float(raw)
+    except ValueError:
+        return 1.0
+    if weight != weight:  # NaN
+        return 1.0
+    return min(MAX_WEIGHT, max(MIN_WEIGHT, weight))
 
 
 @dataclass(frozen=True)
@@ -26,31 +52,77 @@ class QueuedShard:
     model: str = ""
     """The model its batch uses (a slot serves one model)."""
 
+    @property
+    def tenant(self) -> str:
+        """The tenant: the batch's namespace."""
+        return self.batch.partition("/")[0]
 
-def order_queue(waiting: Iterable[QueuedShard]) -> list[QueuedShard]:
-    """The waiting shards in the order they get slots."""
+
+@dataclass(frozen=True)
+class Shares:
+    """What the tenants of a pool hold now, and their weights."""
+
+    seats: Mapping[str, int] = field(default_factory=dict)
+    """Shards each tenant has on the pool's slots (running, or queued on a slot)."""
+    weights: Mapping[str, float] = field(default_factory=dict)
+    """Each tenant's weight (:func:`tenant_weight`); absent: 1."""
+
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+
+def _within_tenant(shards: list[QueuedShard]) -> list[QueuedShard]:
+    """One tenant's waiting shards of one tier: round-robin across its batches, then creation
+    time (the order of the whole queue before shares by tenant)."""
     by_batch: dict[str, list[QueuedShard]] = {}
-    for shard in waiting:
+    for shard in shards:
         by_batch.setdefault(shard.batch, []).append(shard)
-    keyed = []
-    for shards in by_batch.values():
-        for turn, shard in enumerate(sorted(shards, key=lambda s: s.shard_index)):
-            keyed.append(
-                (
-                    (
-                        TIER_RANK.get(shard.tier, len(TIER_RANK)),
-                        turn,
-                        shard.created_at,
-                        shard.batch,
-                    ),
-                    shard,
-                )
-            )
+    keyed = [
+        ((turn, shard.created_at, shard.batch, shard.shard_index), shard)
+        for batch_shards in by_batch.values()
+        for turn, shard in enumerate(sorted(batch_shards, key=lambda s: s.shard_index))
+    ]
     keyed.sort(key=lambda item: item[0])
     return [shard for _, shard in keyed]
 
 
-def grant_slots(waiting: Iterable[QueuedShard], running: int, capacity: int) -> list[QueuedShard]:
+def order_queue(waiting: Iterable[QueuedShard], shares: Shares | None = None) -> list[QueuedShard]:
+    """The waiting shards in the order they get slots."""
+    shares = shares or Shares()
+    by_tier: dict[int, dict[str, list[QueuedShard]]] = {}
+    for shard in waiting:
+        rank = TIER_RANK.get(shard.tier, len(TIER_RANK))
+        by_tier.setdefault(rank, {}).setdefault(shard.tenant, []).append(shard)
+    held = dict(shares.seats)
+    ordered: list[QueuedShard] = []
+    for rank in sorted(by_tier):
+        queues = {tenant: _within_tenant(shards) for tenant, shards in by_tier[rank].items()}
+        # (seats per weight if given one more, the tenant's oldest waiting batch, the tenant)
+        heap = [(_next_share(t, held, shares), q[0].created_at, t) for t, q in queues.items()]
+        heapq.heapify(heap)
+        taken = dict.fromkeys(queues, 0)
+        while heap:
+            _, _, tenant = heapq.heappop(heap)
+            queue = queues[tenant]
+            ordered.append(queue[taken[tenant]])
+            taken[tenant] += 1
+            held[tenant] = held.get(tenant, 0) + 1
+            if taken[tenant] < len(queue):
+                head = queue[taken[tenant]]
+                heapq.heappush(heap, (_next_share(tenant, held, shares), head.created_at, tenant))
+    return ordered
+
+
+def _next_share(tenant: str, held: Mapping[str, int], shares: Shares) -> float:
+    """The tenant's seats per unit of weight once given one more: the tenant furthest below its
+    share has the least. (Counting the next seat, not the held ones, breaks the tie between an
+    idle light tenant and an idle heavy one in favour of the heavier.)"""
+    return (held.get(tenant, 0) + 1) / shares.weight(tenant)
+
+
+def grant_slots(
+    waiting: Iterable[QueuedShard], running: int, capacity: int, shares: Shares | None = None
+) -> list[QueuedShard]:
     """The shards to start now: the head of the queue, as many as there are free slots."""
     free = max(0, capacity - running)
-    return order_queue(waiting)[:free]
+    return order_queue(waiting, shares)[:free]

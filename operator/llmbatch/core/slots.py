@@ -1,13 +1,14 @@
 """Where waiting shards go in a pool of warm slots (pure: data in, decisions out).
 
-The queue order is :func:`llmbatch.core.scheduling.order_queue` (tier, round-robin across
-batches, creation time). The head of the queue goes to a slot with room — one whose engine is
-loaded first, the fullest first, so small batches pack onto one engine and idle slots can time
-out — and only when no slot has room does a new slot start, as long as the autoscaler's desired
-count allows it. What still waits then queues on a loaded slot (its ``queue``), to start there
-the moment one of its seats frees, without waiting for the next round: a seat that frees between
-rounds is never idle while work waits. Queued shards go back to the pool when another slot has a
-seat free or a better tier needs its place (:attr:`Placement.take_back`).
+The queue order is :func:`llmbatch.core.scheduling.order_queue` (tier, the tenant furthest below
+its fair share, round-robin across its batches, creation time). The head of the queue goes to a
+slot with room — one whose engine is loaded first, the fullest first, so small batches pack onto
+one engine and idle slots can time out — and only when no slot has room does a new slot start,
+as long as the autoscaler's desired count allows it. What still waits then queues on a loaded
+slot (its ``queue``), to start there the moment one of its seats frees, without waiting for the
+next round: a seat that frees between rounds is never idle while work waits. Queued shards go
+back to the pool when another slot has a seat free or a better tier needs its place
+(:attr:`Placement.take_back`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from llmbatch.api.slot import Assignment
-from llmbatch.core.scheduling import QueuedShard, order_queue
+from llmbatch.core.scheduling import QueuedShard, Shares, order_queue
 from llmbatch.core.tiers import TIER_RANK
 
 #: Shards a slot runs at once when the pool does not say (see :func:`slot_concurrency`).
@@ -99,7 +100,11 @@ class Placement:
 
 
 def place(
-    queued: Iterable[QueuedShard], slots: Sequence[SlotView], desired: int, capacity: int
+    queued: Iterable[QueuedShard],
+    slots: Sequence[SlotView],
+    desired: int,
+    capacity: int,
+    shares: Shares | None = None,
 ) -> Placement:
     """Give the queue head to slots with room, then to new slots up to ``desired`` open slots.
 
@@ -115,7 +120,7 @@ def place(
     )
     startable = max(0, desired - sum(1 for s in slots if s.open))
     unplaced: list[QueuedShard] = []
-    for shard in order_queue(queued):
+    for shard in order_queue(queued, shares):
         fits = [s for s in ranked if s.model == shard.model]
         # A seat, else the express seat of a full slot: queued shards do not take it (a slot
         # starts an expedited shard before its queued ones).

@@ -91,6 +91,8 @@ class Validation:
         self.credits = credits
         self.pools = pools
         self.clock = clock
+        self.namespace_annotations: Callable[[str], dict[str, str] | None] = lambda _ns: None
+        """A namespace's annotations from the operator's watch (None: not seen; read it)."""
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         started = time.perf_counter()
@@ -311,7 +313,9 @@ class Validation:
     ) -> None:
         if spec.priority != "expedited":
             return
-        annotations = await self.kube.namespace_annotations(namespace) or {}
+        annotations = self.namespace_annotations(namespace)
+        if annotations is None:
+            annotations = await self.kube.namespace_annotations(namespace) or {}
         if tiers.expedited_disabled(annotations):
             message = "Expedited priority is disabled for this organization."
             raise Rejected([error("expedited_not_allowed", message, "priority")])
