@@ -20,8 +20,9 @@ from llmbatch.controller.batchwork import BatchWork
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import REQUEST_TIMEOUT, Kube
 from llmbatch.controller.namespaces import NamespaceCache
-from llmbatch.controller.pools import PoolScheduler, running_entry
+from llmbatch.controller.pools import PoolScheduler
 from llmbatch.controller.retention import RetentionSweeper
+from llmbatch.controller.runningindex import RunningIndex
 from llmbatch.controller.webhooks import WebhookDispatcher
 from llmbatch.storage import open_store
 
@@ -65,6 +66,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     await kube.ensure_cluster_peering(config.peering)
     memo.config = config
     memo.kube = kube
+    # The pool rounds' index of running batches: one listing now, before kopf's watches start
+    # (not a kopf index: kopf's readiness wait for one is quadratic in the Batches present).
+    memo.running = RunningIndex()
+    await memo.running.seed(kube.iter_custom("batches"), _served)
     memo.batches = BatchReconciler(
         kube, metrics.instrument_store(open_store(config.store_uri)), config
     )
@@ -154,6 +159,9 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
     pool when it has shards to place, hand a finished one to the webhook dispatcher. No I/O
     here (async so that it runs on the loop, not in kopf's thread pool)."""
     deleted = event.get("type") == "DELETED"
+    running: RunningIndex | None = getattr(memo, "running", None)
+    if running is not None:
+        running.notice(body, deleted=deleted)
     work: BatchWork | None = getattr(memo, "work", None)
     if work is not None:
         work.notice(dict(body), initial=event.get("type") is None, deleted=deleted)
@@ -197,14 +205,6 @@ async def webhook_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         dispatcher.notice_webhook(body)
 
 
-@kopf.index(GROUP, VERSION, "batches", when=_served)
-async def running_batches(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    """The running batches by pool, kept from the watch: a pool round reads these instead of
-    listing every Batch (kopf fills the index before any timer runs, so a restarted operator's
-    first round sees every running batch)."""
-    return running_entry(dict(body))
-
-
 #: A pool timer run that failed (the API server restarting, the store down) is retried after
 #: this many seconds instead of kopf's default 60.
 RETRY_BACKOFF = 5.0
@@ -243,10 +243,10 @@ async def pool_timer(
     due = await scheduler.wait_due(name, POOL_WAIT_LIMIT, stopped.wait)
     if not due or stopped.is_set():  # the operator exits or the pool is being deleted
         return
-    index: kopf.Index[str, dict[str, Any]] = kwargs["running_batches"]  # kopf passes indexes
+    running: RunningIndex = memo.running  # seeded in configure, before any watch or timer
 
     def batches() -> list[dict[str, Any]]:  # copied only for a round that decides something
-        return scheduler.running_batches(name, [dict(b) for b in index.get(name, [])])
+        return scheduler.running_batches(name, [dict(b) for b in running.get(name)])
 
     result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"), batches)
     if result.status:

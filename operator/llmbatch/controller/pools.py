@@ -23,6 +23,7 @@ from llmbatch.api.resources import API_VERSION, BatchPoolSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.runningindex import running_entry
 from llmbatch.controller.slots import SlotScheduler
 from llmbatch.controller.slotstate import Look
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
@@ -48,24 +49,6 @@ STOPPED = frozenset({"finalizing", "cancelling", "completed", "failed", "expired
 #: this (the watch's lag, under load seconds); older, the pool's status is the truth (another
 #: replica may have led meanwhile).
 LATEST_SECONDS = 10.0
-
-
-def running_entry(batch: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """What a pool round needs of a batch, keyed by its pool while it runs (``{}`` otherwise):
-    the operator keeps these in an index fed by its watch (``handlers.running_batches``), so a
-    round reads no Batch listing."""
-    status = batch.get("status") or {}
-    pool = status.get("pool")
-    if status.get("status") != "in_progress" or not pool:
-        return {}
-    meta, spec = batch["metadata"], batch.get("spec") or {}
-    return {
-        str(pool): {
-            "metadata": {k: meta.get(k) for k in ("uid", "namespace", "name")},
-            "spec": {"priority": spec.get("priority"), "metadata": spec.get("metadata")},
-            "status": dict(status),
-        }
-    }
 
 
 def _backlog(batches: list[dict[str, Any]], pool: str) -> dict[str, int]:
