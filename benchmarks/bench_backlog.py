@@ -446,6 +446,8 @@ def run_side(name: str, repo: pathlib.Path, args: argparse.Namespace) -> Figures
         measure_listing(figures, gateway, args.tenants, args.list_calls)
         for i in range(args.samples):
             figures.expedited.append(expedited_sample(kc, store, i) or float("nan"))
+            if len(figures.expedited) >= 2 and all(x != x for x in figures.expedited[-2:]):
+                break  # two in a row never granted in 90 s: the rest would not be either
         print(f"[{name}] expedited create -> granted: {figures.expedited}")
         operator.kill()
         operator.start()
