@@ -137,3 +137,30 @@ def test_start_cleans_a_sigkilled_runs_leftovers(
     write_status(tmp_path, state="ready", pid=999_999, pid_start=1)
     DevCluster(tmp_path).clean_leftovers()
     assert not running(leftover)
+
+
+def test_a_killed_process_that_no_longer_looks_marked_is_waited_for_until_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The interleaving behind a once-flaky test_start_cleans_a_sigkilled_runs_leftovers: a
+    SIGKILLed process drops its memory (its environ reads empty: unmarked) before it becomes a
+    zombie. Forced here: the process looks marked once, then unmarked for three polls while it
+    still runs. The wait must last until it is gone, not until nothing looks marked."""
+    from llmbatch.devcluster import procs
+
+    polls = {"marked": 0, "running": 0}
+
+    def marked(marker: str, run: str | None = None, **_: object) -> list[int]:
+        polls["marked"] += 1
+        return [4242] if polls["marked"] == 1 else []
+
+    def alive(pid: object, started: object) -> bool:
+        polls["running"] += 1
+        return polls["running"] <= 3
+
+    monkeypatch.setattr(procs, "marked_processes", marked)
+    monkeypatch.setattr(procs, "is_running", alive)
+    monkeypatch.setattr(procs, "start_time", lambda pid: 7)
+    monkeypatch.setattr(procs.os, "kill", lambda pid, sig: None)
+    assert procs.kill_marked_and_wait("m", timeout=5) == []
+    assert polls["running"] == 4  # waited through the three polls it still ran

@@ -162,13 +162,24 @@ def kill_marked(
 
 def kill_marked_and_wait(marker: str, timeout: float = 30.0, run: str | None = None) -> list[int]:
     """SIGKILL every marked process (of one run) until none is left: a killed process keeps its
-    ports, files and pid until it has exited. The PIDs still alive after ``timeout``."""
+    ports, files and pid until it has exited. The PIDs still alive after ``timeout``.
+
+    A process signalled is waited for by its pid and start time, not by its marker: while it
+    exits, the kernel drops its memory (``/proc/<pid>/environ`` reads empty, so it no longer
+    looks marked) before it becomes a zombie, and under load that window is long enough for a
+    caller to find it still running."""
     deadline = time.monotonic() + timeout
-    while kill_marked(marker, run=run):
+    signalled: dict[int, int | None] = {}
+    while True:
+        for pid in kill_marked(marker, run=run):
+            signalled.setdefault(pid, start_time(pid))
+        alive = sorted(pid for pid, started in signalled.items() if is_running(pid, started))
+        marked = marked_processes(marker, run)
+        if not alive and not marked:
+            return []
         if time.monotonic() > deadline:
-            return marked_processes(marker, run)
+            return sorted(set(alive) | set(marked))
         time.sleep(0.05)
-    return []
 
 
 def kill_process_and_wait(pid: int, started: int | None, timeout: float = 10.0) -> bool:
