@@ -66,14 +66,40 @@ def statuses(cluster: Any, namespace: str) -> dict[str, dict[str, Any]]:
     return {b["metadata"]["name"]: b for b in items}
 
 
-def granted(operator: OperatorProcess, namespace: str, batch: dict[str, Any]) -> float | None:
-    """When the batch's first shard was granted a seat (its lease), or None."""
+def granted(
+    operator: OperatorProcess, namespace: str, batch: dict[str, Any], *, ended: bool = False
+) -> float | None:
+    """When the batch's first shard was granted a seat (its lease), or None; with ``ended``,
+    also for a shard whose run has ended since."""
     uid = batch["metadata"]["uid"]
     lease = store_of(operator).root / keys.shard_lease_key(keys.shard_prefix(namespace, uid, 0))
     if not lease.exists():
         return None
     parsed = ShardLease.model_validate_json(lease.read_bytes())
-    return parsed.granted_at if parsed.state == "granted" else None
+    if parsed.state != "granted" and not ended:
+        return None
+    return parsed.granted_at or None
+
+
+def one_slot_pool(
+    cluster: Any, tmp_path: pathlib.Path, engine_args: list[str], **fields: Any
+) -> str:
+    """Apply a pool of one warm slot with the simulated engine; its name (deleted after the
+    test)."""
+    pool = f"pool-{uuid.uuid4().hex[:8]}"
+    _POOLS.append(pool)
+    manifest = simulated_pool(
+        pool,
+        MODEL,
+        maxSlots=1,
+        minSlots=1,
+        shardRequests=1000,
+        throughputPerSlot="1",
+        executor={"engineArgs": engine_args, "terminationGraceSeconds": 2},
+        **fields,
+    )
+    apply(cluster, tmp_path, manifest)
+    return pool
 
 
 def names(prefix: str, count: int) -> list[str]:
@@ -87,24 +113,9 @@ def test_an_expedited_batch_behind_300_queued_is_granted_before_any_standard_one
     held by a shard that never ends; 300 standard batches queue behind it, then an expedited
     batch and 5 more standard ones arrive: the expedited one gets the express seat within
     seconds, and not one standard batch — before it or after it — is granted."""
-    pool = f"pool-{uuid.uuid4().hex[:8]}"
-    _POOLS.append(pool)
-    manifest = simulated_pool(
-        pool,
-        MODEL,
-        maxSlots=1,
-        minSlots=1,
-        slotConcurrency=1,
-        slotQueue=0,
-        shardRequests=1000,
-        throughputPerSlot="1",
-        executor={
-            # the first request is never answered: the slot's one seat stays taken
-            "engineArgs": ["--latency-seconds=0.01", "--hang-after=0"],
-            "terminationGraceSeconds": 2,
-        },
-    )
-    apply(cluster, tmp_path, manifest)
+    # the first request is never answered: the slot's one seat stays taken
+    engine = ["--latency-seconds=0.01", "--hang-after=0"]
+    pool = one_slot_pool(cluster, tmp_path, engine, slotConcurrency=1, slotQueue=0)
     (blocker,) = names("block", 1)
     create_many(cluster, tmp_path, [batch_manifest(blocker, namespace, pool, 1)])
     wait_for(

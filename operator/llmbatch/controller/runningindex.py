@@ -7,13 +7,12 @@ costs a wake-up of every waiting object per object listed — quadratic in the B
 a restart with 5,000 batches spent minutes there before serving a new one. So the operator keeps
 the index itself: :meth:`RunningIndex.seed` lists the Batches once at start (before kopf's
 watches begin: the watch's own first listing is at least as new), the Batch watch handler
-(``handlers.batch_seen``) applies each change, and a pool round waits for :attr:`ready` so a
-restarted operator's first round still sees every running batch.
+(``handlers.batch_seen``) applies each change. The listing runs in kopf's startup (``configure``),
+before any timer, so a restarted operator's first pool round still sees every running batch.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterable, Callable, Mapping
 from typing import Any
 
@@ -40,8 +39,6 @@ class RunningIndex:
     def __init__(self) -> None:
         self._by_pool: dict[str, dict[str, dict[str, Any]]] = {}
         self._pool_of: dict[str, str] = {}
-        self.ready = asyncio.Event()
-        """Set once the listing at start is in: a round before it would miss running batches."""
 
     def notice(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
         uid = str(body["metadata"]["uid"])
@@ -57,13 +54,12 @@ class RunningIndex:
     async def seed(
         self, batches: AsyncIterable[dict[str, Any]], served: Callable[[str], bool]
     ) -> int:
-        """Take in one listing of every Batch (the ones in served namespaces); then ready."""
+        """Take in one listing of every Batch (the ones in served namespaces)."""
         count = 0
         async for body in batches:
             if served((body.get("metadata") or {}).get("namespace") or ""):
                 self.notice(body)
                 count += 1
-        self.ready.set()
         return count
 
     def get(self, pool: str) -> list[dict[str, Any]]:
