@@ -700,3 +700,36 @@ def test_batch_names_must_carry_the_batch_prefix(
                 "spec": {"endpoint": "/v1/chat/completions", "requests": chat_requests(1)},
             },
         )
+
+
+def test_a_batch_deleted_mid_run_is_cleaned_up_and_goes(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """The operator's own finalizer: added to a Batch created without it (kubectl), held while
+    its shards are taken back and its work area removed, then let go so the object goes. kopf
+    writes nothing on a Batch (no finalizer, no last-handled-configuration annotation)."""
+    pool = make_pool(
+        cluster, tmp_path, max_slots=1, shard_requests=40,
+        engine_args=["--latency-seconds=1", "--max-num-seqs=1"],
+    )  # fmt: skip
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(40))
+    uid = batch_uid(cluster, namespace, name)
+
+    def running() -> bool:
+        counts = (get_batch(cluster, namespace, name).get("status") or {}).get("requestCounts")
+        return bool(counts and counts["completed"] >= 1)
+
+    wait_for(running, 120, "first results", operator_process.logs)
+    meta = get_batch(cluster, namespace, name)["metadata"]
+    assert meta["finalizers"] == ["llmbatch.io/cleanup"]
+    assert not any(k.startswith("llmbatch.io/last-handled") for k in meta.get("annotations") or {})
+    work_area = f"work/{namespace}/{uid}/"
+    assert list(store_of(operator_process).list(work_area))
+    cluster.kubectl("delete", "batch", name, "-n", namespace, "--wait=false")
+
+    def gone() -> bool:
+        listed = kubectl_json(cluster, "get", "batches", "-n", namespace)["items"]
+        return all(b["metadata"]["name"] != name for b in listed)
+
+    wait_for(gone, 60, "the Batch removed", operator_process.logs)
+    assert list(store_of(operator_process).list(work_area)) == []

@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from llmbatch.api.resources import BATCH_FINALIZER
 from llmbatch.controller.batchcache import KOPF_DIFFBASE, BatchCache, slim
 from llmbatch.controller.batchwork import BatchWork, change_priority
+from llmbatch.core import keys
 from llmbatch.core.workqueue import Priority
-from tests.fixtures.builders import make_batch, make_input_file, make_pool
+from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
 
 BATCH = "batch-" + "c" * 24
@@ -116,6 +118,10 @@ def test_a_new_batch_is_taken_through_validation_in_one_step_and_then_left_alone
     work.notice(copy.deepcopy(created))
     assert drain(h, work) == 1
     assert h.status(BATCH)["status"] == "in_progress"
+    # accepted and validated in one step: one Event write, both messages
+    ((reason, message),) = [(e["reason"], e["message"]) for e in h.kube.events]
+    assert reason == "Validated"
+    assert message.startswith(f"Batch {BATCH.replace('batch-', 'batch_')} accepted; validating; ")
     # the watch shows our own write: an echo, no work
     work.notice(copy.deepcopy(h.batch(BATCH)))
     calls = len(h.kube.calls)
@@ -135,11 +141,12 @@ def test_a_stale_body_from_the_watch_is_never_stepped_on(h: ReconcilerHarness) -
     work = work_of(h)
     work.notice(copy.deepcopy(created))
     drain(h, work)
-    accepted = [e for e in h.kube.events if e["reason"] == "Accepted"]
+    accepted = [e for e in h.kube.events if "accepted" in e["message"]]
+    assert len(accepted) == 1
     work.notice(copy.deepcopy(created))  # the watch lagging: the object as it was created
     h.now += 1
     assert drain(h, work) == 0
-    assert [e for e in h.kube.events if e["reason"] == "Accepted"] == accepted
+    assert [e for e in h.kube.events if "accepted" in e["message"]] == accepted
 
 
 def test_a_step_on_a_body_changed_meanwhile_is_refused_and_taken_again(
@@ -155,7 +162,7 @@ def test_a_step_on_a_body_changed_meanwhile_is_refused_and_taken_again(
     stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 5)
     drain(h, work)  # refused (409), read again, stepped again
     assert h.status(BATCH)["status"] == "in_progress"
-    assert len([e for e in h.kube.events if e["reason"] == "Accepted"]) == 1
+    assert len([e for e in h.kube.events if "accepted" in e["message"]]) == 1
 
 
 def test_the_pool_round_tells_the_batch_its_shards_changed_and_nothing_else_steps_it(
@@ -216,3 +223,64 @@ def test_a_pool_deleted_under_its_batches_makes_them_step(h: ReconcilerHarness) 
     h.now += h.config.reconcile_interval + 1
     drain(h, work)
     assert h.status(BATCH)["status"] == "failed"
+
+
+# --- the operator's finalizer --------------------------------------------------------------------
+
+
+def test_a_batch_created_without_the_finalizer_gets_it_once_one_created_with_it_no_write(
+    h: ReconcilerHarness,
+) -> None:
+    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "c" * 32, 3))
+    bare = h.kube.add("batches", make_batch(BATCH, input_file_id="file-" + "c" * 32))
+    held = make_batch("batch-" + "d" * 24, input_file_id="file-" + "c" * 32)
+    held["metadata"]["finalizers"] = [BATCH_FINALIZER]  # as the gateway creates it
+    held = h.kube.add("batches", held)
+    work = work_of(h)
+    work.notice(copy.deepcopy(bare))
+    work.notice(copy.deepcopy(held))
+    assert drain(h, work) == 2
+    assert h.batch(BATCH)["metadata"]["finalizers"] == [BATCH_FINALIZER]
+    patched = [c[2] for c in h.kube.calls if c[:2] == ("patch", "batches")]
+    assert patched == [BATCH]  # the bare one only, once
+    assert h.status(BATCH)["status"] == h.status("batch-" + "d" * 24)["status"] == "in_progress"
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_batch_marked_for_deletion_is_cleaned_up_then_let_go(
+    h: ReconcilerHarness, finished: bool
+) -> None:
+    """The cleanup runs whatever the phase (a finished batch's result bytes go too), then the
+    finalizer goes and the API server removes the object; its late echo costs nothing."""
+    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "c" * 32, 3))
+    created = h.kube.add("batches", make_batch(BATCH, input_file_id="file-" + "c" * 32))
+    work = work_of(h)
+    h.pools.on_shards_changed = work.push
+    work.notice(copy.deepcopy(created))
+    drain(h, work)
+    uid = created["metadata"]["uid"]
+    if finished:
+        h.pool_round()
+        drain(h, work)
+        (job,) = h.jobs()
+        h.run_slot(job)
+        h.pool_round()
+        drain(h, work)
+        assert h.status(BATCH)["status"] == "completed"
+    work_area = keys.work_prefix(TENANT, uid) + "/"
+    assert list(h.store.list(work_area))
+    asyncio.run(h.kube.delete_custom("batches", TENANT, BATCH))
+    marked = copy.deepcopy(h.batch(BATCH))
+    assert marked["metadata"]["deletionTimestamp"]
+    work.notice(marked)
+    assert change_priority(None, marked, initial=False) is Priority.URGENT
+    drain(h, work)
+    assert h.kube.get("batches", TENANT, BATCH) is None  # let go: the API server removed it
+    assert list(h.store.list(work_area)) == []
+    echo = copy.deepcopy(marked)
+    echo["metadata"]["finalizers"] = []
+    echo["metadata"]["resourceVersion"] = str(int(marked["metadata"]["resourceVersion"]) + 1)
+    work.notice(echo)  # the watch's late MODIFIED of the object going away
+    calls = len(h.kube.calls)
+    assert drain(h, work) == 0
+    assert len(h.kube.calls) == calls

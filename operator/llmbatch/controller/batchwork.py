@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmbatch import logs
-from llmbatch.api.resources import API_VERSION
+from llmbatch.api.resources import API_VERSION, BATCH_FINALIZER
 from llmbatch.controller.batchcache import BatchCache
 from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.batches.step import announce
@@ -49,6 +49,8 @@ def change_priority(
 ) -> Priority | None:
     """How soon a Batch the watch shows changed (and newer than the cache had) needs a step;
     None when it needs none (a terminal batch). ``initial``: kopf's listing at start."""
+    if (after.get("metadata") or {}).get("deletionTimestamp"):
+        return Priority.URGENT if deleting(after) else None  # its cleanup, whatever its phase
     status = after.get("status") or {}
     phase = status.get("status")
     if phase in TERMINAL:
@@ -64,6 +66,12 @@ def change_priority(
     if phase in STOPPING:
         return Priority.SHARDS
     return Priority.RESYNC if initial else Priority.SHARDS
+
+
+def deleting(body: dict[str, Any]) -> bool:
+    """Marked for deletion and still carrying the operator's finalizer: its cleanup is due."""
+    meta = body.get("metadata") or {}
+    return bool(meta.get("deletionTimestamp")) and BATCH_FINALIZER in (meta.get("finalizers") or ())
 
 
 def tier_rank(body: dict[str, Any]) -> int:
@@ -229,11 +237,18 @@ class BatchWork:
             batch_id=batch_id_from_name(name) if name.startswith("batch-") else None,
             tenant=meta.get("namespace"),
         )
+        if deleting(body):
+            await self._clean_up(uid, body, priority)
+            return
         async with self.locks[uid]:
-            step = await self.reconciler.step(body)
-            self.steps += 1
-            patch = step.to_patch()
             try:
+                held = await self._hold(body)
+                if held is None:
+                    return
+                body = held
+                step = await self.reconciler.step(body)
+                self.steps += 1
+                patch = step.to_patch()
                 await self._write(body, patch)
             except Conflict:
                 await self._reread(body)
@@ -243,6 +258,48 @@ class BatchWork:
         if self.on_step is not None:
             self.on_step(body, step, patch)
         self._schedule(uid, body, step)
+
+    async def _hold(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The batch with the operator's finalizer on it (added once to a Batch created
+        without it); None when it is gone. :class:`Conflict` when it changed meanwhile."""
+        meta = body["metadata"]
+        finalizers = list(meta.get("finalizers") or ())
+        if meta.get("deletionTimestamp"):
+            return None  # going, and not the operator's to clean up
+        if BATCH_FINALIZER in finalizers:
+            return body
+        written = await self.kube.patch_custom_at(
+            "batches",
+            meta["namespace"],
+            meta["name"],
+            {"metadata": {"finalizers": [*finalizers, BATCH_FINALIZER]}},
+            meta.get("resourceVersion"),
+        )
+        if written is not None:
+            self.cache.put(written)
+        return written
+
+    async def _clean_up(self, uid: str, body: dict[str, Any], priority: Priority) -> None:
+        """A Batch marked for deletion: its shards taken back, its work area and result bytes
+        removed (``BatchReconciler.delete``), then the finalizer let go, which lets the API
+        server remove it. Idempotent: a cleanup cut short is taken again from the start."""
+        meta = body["metadata"]
+        async with self.locks[uid]:
+            await self.reconciler.delete(body)
+            kept = [f for f in meta.get("finalizers") or () if f != BATCH_FINALIZER]
+            try:
+                await self.kube.patch_custom_at(
+                    "batches",
+                    meta["namespace"],
+                    meta["name"],
+                    {"metadata": {"finalizers": kept or None}},
+                    meta.get("resourceVersion"),
+                )
+            except Conflict:
+                await self._reread(body)
+                self._add(uid, priority, self.clock(), tier_rank(body))
+                return
+        self.forget(uid)
 
     async def _write(self, body: dict[str, Any], patch: dict[str, Any]) -> None:
         """The step's status patch, on the version it was decided on; the result cached."""
@@ -279,7 +336,7 @@ class BatchWork:
             "name": meta["name"],
             "uid": meta["uid"],
         }
-        for event_type, reason, message in step.events:
+        for event_type, reason, message in step.posted_events():
             await self.kube.post_event(
                 involved, reason, message, warning=event_type == "Warning", component=COMPONENT
             )

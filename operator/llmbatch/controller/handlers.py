@@ -26,6 +26,8 @@ from llmbatch.controller.runningindex import RunningIndex
 from llmbatch.controller.webhooks import WebhookDispatcher
 from llmbatch.storage import open_store
 
+#: kopf's finalizer, on BatchPools (their deletion handler). Batches carry the operator's own
+#: (``BATCH_FINALIZER``, cleaned up through the work queue); kopf drops its old one from them.
 FINALIZER = "llmbatch.io/finalizer"
 #: Threads for the store calls of every batch and pool (blocking I/O, not CPU).
 STORE_THREADS = 32
@@ -141,21 +143,10 @@ def _served_pool(name: str | None, **_: Any) -> bool:
     return not SERVED_POOLS or name in SERVED_POOLS
 
 
-@kopf.on.delete(GROUP, VERSION, "batches", when=_served)
-async def batch_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Remove the batch's Jobs and work area; its BatchFiles go by owner references."""
-    uid = body["metadata"]["uid"]
-    work: BatchWork = memo.work
-    async with work.locks[uid]:
-        reconciler: BatchReconciler = memo.batches
-        await reconciler.delete(dict(body))
-    work.forget(uid)
-    metrics.observe_batch(uid, None)
-
-
 @kopf.on.event(GROUP, VERSION, "batches", when=_served)
 async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Every change of a Batch: queue its reconcile by what changed (the work queue), kick its
+    """Every change of a Batch: queue its reconcile by what changed (the work queue; a Batch
+    marked for deletion gets its cleanup there, before its finalizer is let go), kick its
     pool when it has shards to place, hand a finished one to the webhook dispatcher. No I/O
     here (async so that it runs on the loop, not in kopf's thread pool)."""
     deleted = event.get("type") == "DELETED"
@@ -167,7 +158,9 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
         work.notice(dict(body), initial=event.get("type") is None, deleted=deleted)
     dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
     if dispatcher is not None:
-        dispatcher.notice(body, deleted=event.get("type") == "DELETED")
+        dispatcher.notice(body, deleted=deleted)
+    if deleted:
+        metrics.observe_batch(body["metadata"]["uid"], None)
     scheduler: PoolScheduler | None = getattr(memo, "pools", None)
     if scheduler is not None:
         scheduler.notice_batch(body.get("status") or {}, body["metadata"]["uid"], deleted=deleted)

@@ -21,7 +21,14 @@ from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import ErrorDetails
 
 from llmbatch.api.openai import endpoint_list
-from llmbatch.api.resources import API_VERSION, BatchSpec, EndpointPath, InlineRequest, Tier
+from llmbatch.api.resources import (
+    API_VERSION,
+    BATCH_FINALIZER,
+    BatchSpec,
+    EndpointPath,
+    InlineRequest,
+    Tier,
+)
 from llmbatch.core.billing import BatchSize
 from llmbatch.core.tiers import expedited_disabled, tier_of
 from llmbatch.core.validation import (
@@ -465,6 +472,8 @@ def batch_manifest(
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
+        # The operator's cleanup hold, set here: the operator need not add it with a write.
+        "finalizers": [BATCH_FINALIZER],
         "annotations": {
             ANNOTATION_CREATED_NS: str(now_ns),
             ANNOTATION_REQUESTS: str(requests),

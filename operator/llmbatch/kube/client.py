@@ -263,12 +263,49 @@ class KubeClient:
 
         The object written; :class:`Conflict` when it changed since that version; None when
         it is gone."""
+        return await self._patch_at(
+            self.custom.patch_namespaced_custom_object_status,
+            plural,
+            namespace,
+            name,
+            patch,
+            resource_version,
+        )
+
+    async def patch_custom_at(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        resource_version: str | None,
+    ) -> dict[str, Any] | None:
+        """Merge-patch the object itself (metadata, spec) as it was at ``resource_version``;
+        as :meth:`patch_custom_status_at`."""
+        return await self._patch_at(
+            self.custom.patch_namespaced_custom_object,
+            plural,
+            namespace,
+            name,
+            patch,
+            resource_version,
+        )
+
+    async def _patch_at(
+        self,
+        method: Any,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        resource_version: str | None,
+    ) -> dict[str, Any] | None:
         body = dict(patch)
         if resource_version:
-            body["metadata"] = {"resourceVersion": resource_version}
+            body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": resource_version}
         try:
             written: dict[str, Any] = await self.call(
-                self.custom.patch_namespaced_custom_object_status,
+                method,
                 GROUP,
                 VERSION,
                 namespace,

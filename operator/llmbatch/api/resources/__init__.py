@@ -24,6 +24,7 @@ from llmbatch.api.resources.base import (
     Pricing,
 )
 from llmbatch.api.resources.batch import (
+    BATCH_FINALIZER,
     BatchBilling,
     BatchPhase,
     BatchSpec,
@@ -84,6 +85,7 @@ from llmbatch.api.resources.webhook import (
 
 __all__ = [
     "API_VERSION",
+    "BATCH_FINALIZER",
     "CREDIT_ACCOUNT_NAME",
     "GROUP",
     "RESOURCES",

@@ -22,6 +22,12 @@ from llmbatch.api.resources.fields import (
     Tier,
 )
 
+#: The operator's finalizer on a Batch: its Jobs, shards and work area are cleaned up before
+#: the object goes. The gateway puts it on at create (no extra write per batch); the operator
+#: adds it to a Batch created without it (kubectl). Not kopf's finalizer: batches have no kopf
+#: changing handlers, so kopf writes nothing on them (docs/architecture.md).
+BATCH_FINALIZER = "llmbatch.io/cleanup"
+
 
 class Phase(enum.StrEnum):
     """The OpenAI batch statuses, the lifecycle of a Batch (docs/architecture.md)."""

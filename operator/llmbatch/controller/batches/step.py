@@ -93,6 +93,16 @@ class Step:
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(("Warning" if warning else "Normal", reason, message))
 
+    def posted_events(self) -> list[tuple[str, str, str]]:
+        """The Events to post for this step: each Warning on its own, the Normal ones as one
+        (the last one's reason, every message in order), so a batch accepted and validated in
+        one step costs one Event write, not two."""
+        warnings = [e for e in self.events if e[0] == "Warning"]
+        normal = [e for e in self.events if e[0] != "Warning"]
+        if len(normal) > 1:
+            normal = [("Normal", normal[-1][1], "; ".join(message for _, _, message in normal))]
+        return normal + warnings
+
     def set(self, **changes: Any) -> None:
         """Set status fields (snake_case names of :class:`BatchStatus`) in the patch."""
         for name, value in changes.items():
