@@ -16,6 +16,7 @@ from llmbatch.controller.pools import (
     LATEST_SECONDS,
     QUIET_SECONDS,
     REPORT_SECONDS,
+    ROUND_PACE,
     PoolRound,
     running_entry,
 )
@@ -281,3 +282,30 @@ def pool_status(h: ReconcilerHarness) -> dict[str, Any]:
     pool = h.kube.get("batchpools", None, "pool-a")
     assert pool is not None
     return dict(pool.get("status") or {})
+
+
+def test_a_kick_after_a_long_full_round_waits_a_multiple_of_that_round(
+    tmp_path: pathlib.Path,
+) -> None:
+    """#30: each acceptance kicks its pool, and a full round walks every running batch: at
+    10,000 batches rounds back to back took the loop and acceptance slowed with depth. The
+    next round waits ``ROUND_PACE`` times the last full round's duration (at most
+    ``PACE_LIMIT``); a short round delays nothing."""
+    h = harness(tmp_path, minSlots=0, maxSlots=1)
+    submit(h, "batch-" + "p" * 24, requests=4)
+
+    def batches() -> list[dict[str, Any]]:
+        h.now += 0.1  # a round that walks many batches takes 100 ms
+        return [e["pool-a"] for b in h.kube.all("batches") if (e := running_entry(b))]
+
+    asyncio.run(h.pools.step("pool-a", pool_spec(h), pool_status(h), None, batches))
+    h.pools.kick("pool-a")
+    assert not h.pools.due("pool-a")
+    h.now += ROUND_PACE * 0.1 - 0.01
+    assert not h.pools.due("pool-a")
+    h.now += 0.02
+    assert h.pools.due("pool-a")
+    h.now += 10  # a round that takes no time: a kick makes the next one due at once
+    asyncio.run(h.pools.step("pool-a", pool_spec(h), pool_status(h), None, list))
+    h.pools.kick("pool-a")
+    assert h.pools.due("pool-a")

@@ -31,6 +31,14 @@ from llmbatch.core.tiers import TIERS, tier_of
 from llmbatch.core.workqueue import Priority
 from llmbatch.storage.base import ObjectStore
 
+#: A pool's next round starts no sooner than this many times its last full round's duration
+#: after that round ended, kicks or not: with thousands of batches running, a full round walks
+#: them all, and a round per acceptance would take the whole loop (acceptance slowed with
+#: depth). At most about a quarter of the loop goes to one pool's rounds; a round of 100 ms
+#: (about 10,000 batches) is followed by the next within 0.3 s.
+ROUND_PACE = 3.0
+#: ... but never more than this long (the round's time may be spent waiting on the store).
+PACE_LIMIT = 1.0
 #: How long a batch accepted here counts as running without the watch showing it (a missed
 #: event must not keep a batch in the rounds).
 ACCEPTED_TTL = 60.0
@@ -130,6 +138,8 @@ class PoolScheduler:
         self._full: dict[str, tuple[float, int, tuple[Any, ...]]] = {}
         """pool -> (when its last full round started, the kicks counted then, its look's
         signature): see :meth:`_quiet`."""
+        self._cost: dict[str, tuple[float, float]] = {}
+        """pool -> (when its last full round ended, how long it took): see :data:`ROUND_PACE`."""
         # pool -> batch uid -> (when, running_entry): batches this operator accepted whose
         # acceptance its watch has not shown yet (under load the watch lags by seconds)
         self._accepted: dict[str, dict[str, tuple[float, dict[str, Any]]]] = {}
@@ -192,12 +202,16 @@ class PoolScheduler:
     def _until_due(self, name: str) -> float:
         """Seconds until pool ``name`` is due a round unless a batch kicks it first."""
         last = self._rounds.get(name)
-        if last is None or self._kicks.get(name, 0) > last[1]:
+        if last is None:
             return 0.0
+        ended, cost = self._cost.get(name, (0.0, 0.0))
+        paced = ended + min(PACE_LIMIT, ROUND_PACE * cost) - self.clock()
+        if self._kicks.get(name, 0) > last[1]:
+            return max(0.0, paced)
         wait = self.interval
         if name in self._backlogged:
             wait = min(wait, BACKLOG_RECHECK)
-        return last[0] + wait - self.clock()
+        return max(last[0] + wait - self.clock(), paced)
 
     async def wait_due(
         self, name: str, limit: float, stop: Callable[[], Awaitable[object]] | None = None
@@ -298,6 +312,7 @@ class PoolScheduler:
             self._backlogged.discard(name)
             self._accepted.pop(name, None)
             self._full.pop(name, None)
+            self._cost.pop(name, None)
             self.slots.forget_pool(name)
             metrics.forget_pool(name)
         return left
@@ -368,4 +383,6 @@ class PoolScheduler:
             "scaleDownSince": int(scaled.below_since) if scaled.below_since is not None else None,
         }
         result.status = wanted
+        ended = self.clock()
+        self._cost[name] = (ended, max(0.0, ended - now))
         return result
