@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,6 +25,7 @@ from llmbatch.controller.pools import PoolScheduler
 from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.controller.runningindex import RunningIndex
 from llmbatch.controller.webhooks import WebhookDispatcher
+from llmbatch.core.tierprices import price_condition
 from llmbatch.storage import open_store
 
 FINALIZER = "llmbatch.io/finalizer"
@@ -77,6 +79,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.namespaces = NamespaceCache()
     memo.pools.slots.tenant_weight = memo.namespaces.weight
     memo.batches.validation.namespace_annotations = memo.namespaces.annotations
+    memo.batches.validation.namespace_labels = memo.namespaces.labels
     memo.work = BatchWork(
         memo.batches,
         kube,
@@ -251,7 +254,12 @@ async def pool_timer(
     result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"), batches)
     if result.status:
         patch.setdefault("status", {}).update(result.status)
-    for event_type, reason, message in result.events:
+    conditions, warned = price_condition(
+        BatchPoolSpec.model_validate(dict(spec)), status.get("conditions"), time.time()
+    )
+    if conditions is not None:
+        patch.setdefault("status", {})["conditions"] = conditions
+    for event_type, reason, message in [*result.events, *([warned] if warned else [])]:
         kopf.event(body, type=event_type, reason=reason, message=message)
 
 
