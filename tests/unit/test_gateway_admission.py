@@ -295,6 +295,7 @@ def test_private_pool_takes_at_most_95_inline_requests(fake_gateway: FakeGateway
 
 
 def test_tenant_token_quota_is_429_token_limit_exceeded(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("llama")
     key = fake_gateway.key(NS)
     data = jsonl(rows(2))
     tokens = -(-len(data) // 3) + 200

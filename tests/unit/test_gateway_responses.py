@@ -46,6 +46,7 @@ def _catalog_pool(generate: str = "m", pooling: str = "e") -> dict[str, Any]:
 
 
 def test_a_responses_batch_is_uploaded_and_created(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("m")
     key = fake_gateway.key("team-a")
     rows = [_row(1), _row(2, input=[{"role": "user", "content": "hi"}], store=True)]
     upload = _upload(fake_gateway, key, _jsonl(*rows, _row(3, url="/openai/v1/responses")))

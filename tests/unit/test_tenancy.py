@@ -147,6 +147,19 @@ def test_another_tenants_deployment_is_404_at_create_and_not_listed(
     assert create(fake_gateway, mine, requests=rows(2)).status_code == 200
 
 
+def test_another_tenants_model_answers_exactly_as_a_model_nobody_serves(
+    fake_gateway: FakeGateway,
+) -> None:
+    """Nothing tells a private model's name from an unknown one: same status, code, message
+    shape and param."""
+    fake_gateway.kube.pools.append(pool("private-a", **PRIVATE))
+    theirs = fake_gateway.key("team-b")
+    hidden = create(fake_gateway, theirs, requests=rows(1)).json()["error"]
+    unknown = create(fake_gateway, theirs, requests=rows(1, model="nobody")).json()["error"]
+    assert hidden == {**unknown, "message": unknown["message"].replace("nobody", "llama")}
+    assert hidden["code"] == "model_not_found"
+
+
 def test_a_label_selected_tenant_is_served_and_others_are_not(fake_gateway: FakeGateway) -> None:
     tenants = {"namespaceSelector": {"matchLabels": {"llmbatch.io/org": "acme"}}}
     fake_gateway.kube.pools.append(pool("private-acme", tenants=tenants))

@@ -42,7 +42,7 @@ class PoolPlan:
     estimate: Estimate
     name: str = ""
     pool: BatchPoolSpec | None = None
-    """None: no pool serves the model (validation will fail the batch); only tenant limits."""
+    """None: the model was not known at creation (validation settles it); only tenant limits."""
     status: dict[str, Any] | None = None
     pricing: Pricing | None = None
 
@@ -62,14 +62,16 @@ def output_limit_required(
     return pool_output_limit_required(BatchPoolSpec.model_validate(pool_obj.get("spec") or {}))
 
 
-def hidden_model_error(
+def unserved_model_error(
     pools: list[dict[str, Any]], model: str | None, tenant: Tenant, param: str
 ) -> APIError | None:
-    """404 ``model_not_found`` for a model that pools serve, none of them to ``tenant`` (another
-    tenant's private deployment): refused at creation, as if no pool served it."""
-    if choose_pool(pools, model) is None or choose_pool(pools, model, tenant=tenant) is not None:
+    """404 ``model_not_found`` for a model no pool serves to ``tenant``: none serves it at all,
+    or only pools of other tenants do (a private deployment) — one answer for both, so another
+    tenant's model names stay as unknown as names nobody serves. None when the model is
+    unknown here (not recorded on the file): validation then settles it."""
+    if not model or choose_pool(pools, model, tenant=tenant) is not None:
         return None
-    shown = str(model) if len(str(model)) <= 128 else str(model)[:128] + "..."
+    shown = model if len(model) <= 128 else model[:128] + "..."
     return APIError(
         404,
         f"The model '{shown}' does not exist or you do not have access to it.",

@@ -21,12 +21,12 @@ from llmbatch.core.inline import inline_file
 from llmbatch.gateway import metrics
 from llmbatch.gateway.admission import (
     has_tenant_quota,
-    hidden_model_error,
     output_limit_required,
     plan_admission,
     refusal_error,
     reservation,
     tenant_quota_refusal,
+    unserved_model_error,
 )
 from llmbatch.gateway.bodylimit import CappedBodyRoute
 from llmbatch.gateway.creation import (
@@ -139,17 +139,19 @@ async def _admit(
     size: BatchSize,
     model: str | None,
 ) -> Admitted:
-    """Per-batch caps (400), tenant and pool queue limits (429), then the credit (402).
+    """A model no pool serves to the tenant (404), per-batch caps and the pool's tier switch
+    (400), tenant and pool queue limits (429), then the credit (402).
 
-    The pool is the one the operator will choose for the model; without one (the model is not
-    served: validation will fail the batch) only the tenant's limits apply.
+    The pool is the one the operator will choose for the model; when the model is not known at
+    creation (too long a name to record on the file: validation settles it) only the tenant's
+    limits apply.
     """
     pools = await gw.kube.list_pools()
     tenant = await caller_tenant(gw, namespace, pools)
-    hidden = hidden_model_error(pools, model, tenant, _model_param(request))
-    if hidden is not None:
+    unserved = unserved_model_error(pools, model, tenant, _model_param(request))
+    if unserved is not None:
         metrics.BATCHES_REFUSED.labels("model_not_found").inc()
-        raise hidden
+        raise unserved
     if request.inline is not None and output_limit_required(pools, model, tenant):
         unbounded = unbounded_inline_error(request.inline, request.spec.endpoint)
         if unbounded is not None:  # seed 000: the pool bills output tokens, rows must bound them
