@@ -902,18 +902,18 @@ def test_fs_list_matches_s3_key_order(keys: list[str], prefix: str) -> None:
 def test_fs_put_retries_when_a_prune_races_mkdir(
     fs_store: FilesystemStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """mkdir(parents=True) raises FileNotFoundError when a delete prunes the grandparent it
-    just made; the put makes the directories again instead of failing."""
-    real_mkdir = pathlib.Path.mkdir
-    calls: list[pathlib.Path] = []
+    """Making a directory raises FileNotFoundError when a delete prunes the parent just made
+    for it; the put makes the directories again instead of failing."""
+    real_mkdir = os.mkdir
+    calls: list[Any] = []
 
-    def racing_mkdir(self: pathlib.Path, *args: Any, **kwargs: Any) -> None:
-        calls.append(self)
+    def racing_mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(path)
         if len(calls) == 1:
-            raise FileNotFoundError(2, "No such file or directory", str(self))
-        real_mkdir(self, *args, **kwargs)
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        real_mkdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(pathlib.Path, "mkdir", racing_mkdir)
+    monkeypatch.setattr(os, "mkdir", racing_mkdir)
     fs_store.put("a/b/key", b"x")
     assert fs_store.get("a/b/key") == b"x"
     assert len(calls) >= 2

@@ -53,6 +53,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $root := index . 0 -}}
 {{- $uri := index . 1 -}}
 {{- $enc := $root.Values.store.encryption -}}
+{{- if and $enc.kmsKeyID (ne $enc.mode "sse-kms") -}}
+{{- fail "store.encryption.kmsKeyID needs store.encryption.mode sse-kms" -}}
+{{- end -}}
 {{- if not $enc.mode -}}
 {{- $uri -}}
 {{- else -}}
@@ -64,9 +67,6 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- $params := printf "sse=%s" (ternary "aws%3Akms" "AES256" (eq $enc.mode "sse-kms")) -}}
 {{- if $enc.kmsKeyID -}}
-{{- if ne $enc.mode "sse-kms" -}}
-{{- fail "store.encryption.kmsKeyID needs store.encryption.mode sse-kms" -}}
-{{- end -}}
 {{- $params = printf "%s&sse_kms_key_id=%s" $params (urlquery $enc.kmsKeyID) -}}
 {{- end -}}
 {{- printf "%s%s%s" $uri (ternary "&" "?" (contains "?" $uri)) $params -}}
