@@ -175,11 +175,15 @@ def test_a_label_selected_tenant_is_served_and_others_are_not(fake_gateway: Fake
 
 def test_a_catalog_model_is_listed_as_catalog(fake_gateway: FakeGateway) -> None:
     fake_gateway.kube.pools.append(pool("shared"))
-    (entry,) = fake_gateway.client.get("/v1/models", headers=auth(fake_gateway.key(NS))).json()[
-        "data"
-    ]
+    fake_gateway.kube.pools.append(pool("shared-gpu", model="gpu", billing=PRIVATE["billing"]))
+    listed = fake_gateway.client.get("/v1/models", headers=auth(fake_gateway.key(NS))).json()
+    entries = {m["id"]: m for m in listed["data"]}
+    entry = entries["llama"]
     assert (entry["owned_by"], entry["batch"]["kind"]) == ("llmbatch", "catalog")
     assert "gpu_hour_price" not in entry["batch"]
+    # a GPUTime pool serving everyone is billed as a deployment but is nobody's own
+    gpu = entries["gpu"]
+    assert (gpu["owned_by"], gpu["batch"]["kind"]) == ("llmbatch", "deployment")
 
 
 def test_expedited_on_a_pool_that_disallows_it_is_400_priority_nothing_stored(

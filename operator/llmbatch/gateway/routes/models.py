@@ -77,8 +77,9 @@ def _entry(
     tenant: Tenant,
 ) -> dict[str, Any]:
     """A model's catalog entry, from the first pool (by name) serving it: a ``catalog`` model
-    (token prices per tier) or the caller's ``deployment`` (GPUTime billing: GPU time, no token
-    charge), which OpenAI's ``owned_by`` then names as the caller's organization."""
+    (token prices per tier) or a ``deployment`` (GPUTime billing: GPU time, no token charge).
+    OpenAI's ``owned_by`` names the caller's organization for a deployment that names its
+    tenants (the caller's own), else the platform."""
     tiers = _tiers(spec)
     endpoints = list(POOLING_ENDPOINTS if model.get("runner") == "pooling" else GENERATE_ENDPOINTS)
     billing = spec.get("billing") or {}
@@ -90,7 +91,7 @@ def _entry(
         "id": model_id,
         "object": "model",
         "created": k8s_time(meta.get("creationTimestamp")) or 0,
-        "owned_by": tenant.namespace if deployment else "llmbatch",
+        "owned_by": tenant.namespace if deployment and spec.get("tenants") else "llmbatch",
         "batch": {
             **kind,
             "pool": meta.get("name"),
