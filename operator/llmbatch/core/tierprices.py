@@ -62,29 +62,32 @@ def price_order_problems(pool: BatchPoolSpec) -> list[str]:
     return problems
 
 
+def price_verdict(pool: BatchPoolSpec) -> tuple[str, str, str]:
+    """``(status, reason, message)`` of the pool's ``TierPricesOrdered`` condition."""
+    problems = price_order_problems(pool)
+    if problems:
+        return "False", REASON_OUT_OF_ORDER, " ".join(problems)
+    if pool.billing.mode != "Tokens":
+        return "True", REASON_NOT_TOKEN_BILLED, "GPUTime pool: tier prices are not charged."
+    return "True", REASON_ORDERED, "expedited >= standard >= flex, input and output."
+
+
 def price_condition(
     pool: BatchPoolSpec, conditions: list[dict[str, Any]] | None, now: float
 ) -> tuple[list[dict[str, Any]] | None, tuple[str, str, str] | None]:
     """``(conditions, event)``: the pool's conditions with ``TierPricesOrdered`` set (None when
     they already say it), and the ``(type, reason, message)`` Event of a change (None when the
     condition is new and True, or did not change)."""
-    problems = price_order_problems(pool)
-    if problems:
-        reason, message = REASON_OUT_OF_ORDER, " ".join(problems)
-    elif pool.billing.mode != "Tokens":
-        reason, message = REASON_NOT_TOKEN_BILLED, "GPUTime pool: tier prices are not charged."
-    else:
-        reason, message = REASON_ORDERED, "expedited >= standard >= flex, input and output."
+    status, reason, message = price_verdict(pool)
     old = next((c for c in conditions or [] if c.get("type") == CONDITION), None)
-    status = "False" if problems else "True"
     if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == (
         status,
         reason,
         message,
     ):
         return None, None
-    updated = set_condition(conditions, CONDITION, not problems, reason, message, now)
-    if problems:
+    updated = set_condition(conditions, CONDITION, status == "True", reason, message, now)
+    if status == "False":
         return updated, ("Warning", REASON_OUT_OF_ORDER, message)
     if old is not None and old.get("status") == "False":
         return updated, ("Normal", REASON_ORDERED, "The tier prices keep their order again.")
