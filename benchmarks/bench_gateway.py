@@ -52,6 +52,15 @@ def proc_status(pid: int, field: str) -> int:
     return 0
 
 
+#: The pool serving the benchmark's model "m" (a create for a model no pool serves is 404).
+BENCH_POOL: dict[str, Any] = {
+    "apiVersion": "llmbatch.io/v1alpha1",
+    "kind": "BatchPool",
+    "metadata": {"name": "bench-gateway"},
+    "spec": {"models": [{"name": "m", "source": "simulated"}], "executor": {"engine": "simulated"}},
+}
+
+
 # --- the fake-Kubernetes server mode (a child process of this script) --------------------------
 
 
@@ -66,6 +75,7 @@ def serve_fake(port: int, store: str, key: str) -> None:
 
     kube = FakeKube()
     kube.namespaces[TENANT] = {}
+    kube.pools.append(BENCH_POOL)
     kube.put_secret(key_secret("bench", hash_key(key), TENANT, ["inference:write"], GATEWAY_NS))
     settings = GatewaySettings(
         store_uri=store,
@@ -98,6 +108,13 @@ async def prepare_cluster(kubeconfig: str, key: str) -> None:
             f"bench-{os.getpid()}", hash_key(key), TENANT, ["inference:write"], GATEWAY_NS
         )
         await core.create_namespaced_secret(GATEWAY_NS, secret)
+        try:  # the gateway answers 404 model_not_found for a model no pool serves
+            await client.CustomObjectsApi(api).create_cluster_custom_object(
+                "llmbatch.io", "v1alpha1", "batchpools", BENCH_POOL
+            )
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
 
 
 def apply_crds(kubeconfig: str) -> None:

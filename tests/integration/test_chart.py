@@ -146,6 +146,66 @@ def test_store_credentials_reach_every_component_as_environment() -> None:
     assert "envFrom" not in _container(render(), "llmbatch-gateway")
 
 
+@pytest.mark.parametrize(
+    ("sets", "params"),
+    [
+        (("store.encryption.mode=sse-s3",), {"sse": "AES256"}),
+        (
+            ("store.encryption.mode=sse-kms", "store.encryption.kmsKeyID=arn:aws:kms:r:1:key/k"),
+            {"sse": "aws:kms", "sse_kms_key_id": "arn:aws:kms:r:1:key/k"},
+        ),
+    ],
+)
+def test_store_encryption_reaches_every_component_through_the_store_uris(
+    sets: tuple[str, ...], params: dict[str, str]
+) -> None:
+    """The operator, the gateway and (through LLMBATCH_EXECUTOR_STORE_URI) every executor pod
+    open the store with the same sse parameters; the URIs still parse."""
+    from llmbatch.storage import parse_store_uri
+
+    objects = render(sets=(*sets, "store.executorUri=s3://other-bucket/x?region=r"))
+    uris = {
+        name: value
+        for deployment in ("llmbatch-operator", "llmbatch-gateway")
+        for name, value in (
+            (e["name"], e.get("value")) for e in _container(objects, deployment)["env"]
+        )
+        if name in ("LLMBATCH_STORE_URI", "LLMBATCH_EXECUTOR_STORE_URI")
+    }
+    assert set(uris) == {"LLMBATCH_STORE_URI", "LLMBATCH_EXECUTOR_STORE_URI"}
+    for uri in uris.values():
+        config = parse_store_uri(uri)
+        assert config.sse == params["sse"]  # type: ignore[union-attr]
+        assert config.sse_kms_key_id == params.get("sse_kms_key_id")  # type: ignore[union-attr]
+    assert parse_store_uri(uris["LLMBATCH_EXECUTOR_STORE_URI"]).bucket == "other-bucket"  # type: ignore[union-attr]
+    plain = {e["name"]: e.get("value") for e in _container(render(), "llmbatch-operator")["env"]}
+    assert "sse" not in plain["LLMBATCH_STORE_URI"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ("store.uri=file:///var/lib/llmbatch", "store.encryption.mode=sse-s3"),
+            "needs an s3:// store URI",
+        ),
+        (("store.encryption.kmsKeyID=k",), "needs store.encryption.mode sse-kms"),
+        (
+            ("store.uri=s3://bkt?sse=AES256", "store.encryption.mode=sse-s3"),
+            "set encryption in store.encryption",
+        ),
+        (("store.encryption.mode=sse-c",), "value must be one of"),
+    ],
+)
+def test_store_encryption_refuses_what_it_cannot_apply(sets: tuple[str, ...], message: str) -> None:
+    args = ["template", "t", str(CHART), "--set", "image.registry=r", "--set", "store.uri=s3://b"]
+    for item in sets:
+        args += ["--set", item]
+    result = helm(*args, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
 def test_slot_settings_reach_the_operator() -> None:
     """The warm-slot settings are chart values (docs/operations.md), not extraEnv only."""
     objects = render(

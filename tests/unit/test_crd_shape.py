@@ -11,7 +11,12 @@ from llmbatch.api.crd import build_crd
 from llmbatch.api.resources import RESOURCES, BatchSpec
 
 # Free-form maps allowed on purpose: user metadata, label selectors, a request body.
-FREE_MAPS_ALLOWED = {"spec.metadata", "spec.nodeSelector", "spec.requests[].body"}
+FREE_MAPS_ALLOWED = {
+    "spec.metadata",
+    "spec.nodeSelector",
+    "spec.requests[].body",
+    "spec.tenants.namespaceSelector.matchLabels",
+}
 
 
 def walk(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:

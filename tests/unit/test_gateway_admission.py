@@ -295,6 +295,7 @@ def test_private_pool_takes_at_most_95_inline_requests(fake_gateway: FakeGateway
 
 
 def test_tenant_token_quota_is_429_token_limit_exceeded(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("llama")
     key = fake_gateway.key(NS)
     data = jsonl(rows(2))
     tokens = -(-len(data) // 3) + 200
@@ -359,6 +360,7 @@ def test_pure_checks() -> None:
 
 
 def test_a_pool_spec_the_models_reject_is_left_out_of_the_catalog() -> None:
+    from llmbatch.core.tenancy import Tenant
     from llmbatch.gateway.routes.models import model_catalog
 
     good = {"metadata": {"name": "a"}, "spec": {"models": [{"name": "m1", "source": "/m"}]}}
@@ -366,5 +368,5 @@ def test_a_pool_spec_the_models_reject_is_left_out_of_the_catalog() -> None:
         "metadata": {"name": "b"},
         "spec": {"models": [{"name": "m2", "source": "/m"}], "maxSlots": 0},
     }
-    ids = [entry["id"] for entry in model_catalog([good, bad])]
+    ids = [entry["id"] for entry in model_catalog([good, bad], Tenant(NS))]
     assert ids == ["m1"]

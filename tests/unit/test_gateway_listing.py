@@ -368,6 +368,7 @@ def wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def test_listing_once_synced_asks_the_api_server_nothing(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("m")
     key = fake_gateway.key(NS)
     file_id = upload(fake_gateway, key)
     created = [create(fake_gateway, key, file_id) for _ in range(5)]
@@ -432,6 +433,7 @@ def test_a_deleted_after_keeps_paging(fake_gateway: FakeGateway) -> None:
 
 
 def test_unknown_and_other_tenants_cursors_are_400(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("m")
     key, other = fake_gateway.key(NS), fake_gateway.key("team-other")
     file_id = upload(fake_gateway, key)
     batch_id = create(fake_gateway, key, file_id)
@@ -512,6 +514,7 @@ def serving(tmp_path: pathlib.Path, kube: FakeKube) -> Iterator[FakeGateway]:
 
 def test_the_gateways_own_writes_are_listed_at_once(tmp_path: pathlib.Path) -> None:
     with serving(tmp_path, DeafKube()) as gw:
+        gw.serve("m")
         key = gw.key(NS)
         file_id = upload(gw, key)
         batch_id = create(gw, key, file_id)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from llmbatch.api.openai import ENDPOINTS
+from llmbatch.core.tenancy import Tenant
 from llmbatch.gateway.creation import CreateBatchRequest, parse_create_request
 from llmbatch.gateway.errors import APIError
 from llmbatch.gateway.routes.models import model_catalog
@@ -45,6 +46,7 @@ def _catalog_pool(generate: str = "m", pooling: str = "e") -> dict[str, Any]:
 
 
 def test_a_responses_batch_is_uploaded_and_created(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("m")
     key = fake_gateway.key("team-a")
     rows = [_row(1), _row(2, input=[{"role": "user", "content": "hi"}], store=True)]
     upload = _upload(fake_gateway, key, _jsonl(*rows, _row(3, url="/openai/v1/responses")))
@@ -117,7 +119,8 @@ def test_an_unknown_endpoint_lists_every_supported_one() -> None:
 
 def test_the_catalog_lists_responses_for_generate_models() -> None:
     entries = {
-        entry["id"]: entry["batch"]["endpoints"] for entry in model_catalog([_catalog_pool()])
+        entry["id"]: entry["batch"]["endpoints"]
+        for entry in model_catalog([_catalog_pool()], Tenant("team-a"))
     }
     assert entries == {
         "m": ["/v1/chat/completions", "/v1/completions", "/v1/responses"],

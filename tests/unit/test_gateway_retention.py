@@ -78,6 +78,7 @@ def test_bad_output_expires_after_is_400(fake_gateway: FakeGateway, value: Any, 
 
 
 def test_output_expires_after_lands_on_the_batch_spec(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("m")
     key = fake_gateway.key("team-r")
     file_id = _upload(fake_gateway, key)["id"]
     value = {"anchor": "created_at", "seconds": 3 * 86400}

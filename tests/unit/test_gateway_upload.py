@@ -159,6 +159,7 @@ def test_upload_errors_and_purpose(fake_gateway: FakeGateway) -> None:
 
 
 def test_idempotency_scopes_and_revocation(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("m")
     key = fake_gateway.key("team-a", name="writer")
     file_a = _upload(fake_gateway, key, _line(1)).json()["id"]
     file_b = _upload(fake_gateway, key, _line(2)).json()["id"]
@@ -179,6 +180,7 @@ def test_idempotency_scopes_and_revocation(fake_gateway: FakeGateway) -> None:
 
 
 def test_queue_limit_counts_non_terminal_batches(fake_gateway: FakeGateway) -> None:
+    fake_gateway.serve("m")
     key = fake_gateway.key("team-q")
     fake_gateway.kube.namespaces["team-q"] = {"llmbatch.io/max-queued-requests": "3"}
     file_id = _upload(fake_gateway, key, _line(1) + _line(2)).json()["id"]

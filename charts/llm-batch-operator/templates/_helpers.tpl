@@ -31,9 +31,46 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s/%s:%s" (trimSuffix "/" $registry) (index . 1) (default $root.Chart.AppVersion $root.Values.image.tag) -}}
 {{- end }}
 
-{{/* The store URI, required: no default store works in a cluster. */}}
+{{/* The store URI, required: no default store works in a cluster; with store.encryption's
+     parameters (docs/storage.md#encryption). */}}
 {{- define "llm-batch-operator.storeUri" -}}
-{{- required "store.uri is required: the S3-compatible bucket every component shares, e.g. s3://my-bucket/llmbatch?region=eu-west-1 (docs/install.md#2-object-store-namespaces-and-credentials)" .Values.store.uri -}}
+{{- include "llm-batch-operator.encryptedUri" (list . (required "store.uri is required: the S3-compatible bucket every component shares, e.g. s3://my-bucket/llmbatch?region=eu-west-1 (docs/install.md#2-object-store-namespaces-and-credentials)" .Values.store.uri)) -}}
+{{- end }}
+
+{{/* The store URI executor pods use: store.executorUri (else store.uri), encrypted alike. */}}
+{{- define "llm-batch-operator.executorStoreUri" -}}
+{{- if .Values.store.executorUri -}}
+{{- include "llm-batch-operator.encryptedUri" (list . .Values.store.executorUri) -}}
+{{- else -}}
+{{- include "llm-batch-operator.storeUri" . -}}
+{{- end -}}
+{{- end }}
+
+{{/* A store URI with the sse / sse_kms_key_id parameters store.encryption asks for: include
+     with (list $ URI). Every component opens the store from such a URI, so the operator, the
+     gateway and executor pods all encrypt every write the same way. */}}
+{{- define "llm-batch-operator.encryptedUri" -}}
+{{- $root := index . 0 -}}
+{{- $uri := index . 1 -}}
+{{- $enc := $root.Values.store.encryption -}}
+{{- if and $enc.kmsKeyID (ne $enc.mode "sse-kms") -}}
+{{- fail "store.encryption.kmsKeyID needs store.encryption.mode sse-kms" -}}
+{{- end -}}
+{{- if not $enc.mode -}}
+{{- $uri -}}
+{{- else -}}
+{{- if not (hasPrefix "s3://" $uri) -}}
+{{- fail (printf "store.encryption.mode %s needs an s3:// store URI, not %s (a filesystem store writes its files 0600 instead)" $enc.mode $uri) -}}
+{{- end -}}
+{{- if regexMatch "[?&]sse(_kms_key_id)?=" $uri -}}
+{{- fail "set encryption in store.encryption, not as sse / sse_kms_key_id parameters of the store URI" -}}
+{{- end -}}
+{{- $params := printf "sse=%s" (ternary "aws%3Akms" "AES256" (eq $enc.mode "sse-kms")) -}}
+{{- if $enc.kmsKeyID -}}
+{{- $params = printf "%s&sse_kms_key_id=%s" $params (urlquery $enc.kmsKeyID) -}}
+{{- end -}}
+{{- printf "%s%s%s" $uri (ternary "&" "?" (contains "?" $uri)) $params -}}
+{{- end -}}
 {{- end }}
 
 {{/* TCP ports the object store listens on, one per line: networkPolicy.store.ports, else the

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,6 +25,7 @@ from llmbatch.controller.pools import PoolScheduler
 from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.controller.runningindex import RunningIndex
 from llmbatch.controller.webhooks import WebhookDispatcher
+from llmbatch.core.tierprices import price_condition, price_verdict
 from llmbatch.storage import open_store
 
 #: kopf's finalizer, on BatchPools (their deletion handler). Batches carry the operator's own
@@ -79,6 +81,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.namespaces = NamespaceCache()
     memo.pools.slots.tenant_weight = memo.namespaces.weight
     memo.batches.validation.namespace_annotations = memo.namespaces.annotations
+    memo.batches.validation.namespace_labels = memo.namespaces.labels
+    memo.price_verdicts = {}  # pool name -> the TierPricesOrdered verdict last patched
     memo.work = BatchWork(
         memo.batches,
         kube,
@@ -244,8 +248,30 @@ async def pool_timer(
     result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"), batches)
     if result.status:
         patch.setdefault("status", {}).update(result.status)
-    for event_type, reason, message in result.events:
+    for event_type, reason, message in [
+        *result.events,
+        *_price_condition(name, spec, status, patch, memo),
+    ]:
         kopf.event(body, type=event_type, reason=reason, message=message)
+
+
+def _price_condition(
+    name: str, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch, memo: kopf.Memo
+) -> list[tuple[str, str, str]]:
+    """Patch the pool's TierPricesOrdered condition when the status shows another; its Event,
+    once per change: the verdict last announced is remembered, so a round that runs before the
+    watch shows the patch (and patches the same condition again) does not warn twice."""
+    pool = BatchPoolSpec.model_validate(dict(spec))
+    conditions, event = price_condition(pool, status.get("conditions"), time.time())
+    if conditions is None:
+        return []
+    patch.setdefault("status", {})["conditions"] = conditions
+    announced: dict[str, tuple[str, str, str]] = memo.price_verdicts
+    verdict = price_verdict(pool)
+    if announced.get(name) == verdict:
+        return []
+    announced[name] = verdict
+    return [event] if event else []
 
 
 #: How long a pool's deletion waits, beyond its slots' grace period, for their pods to exit.
@@ -264,6 +290,7 @@ async def pool_deleted(
     pool = BatchPoolSpec.model_validate(dict(spec))
     left = await scheduler.remove(name, body.metadata.get("uid"), pool)
     if not left:
+        getattr(memo, "price_verdicts", {}).pop(name, None)  # a pool of this name starts afresh
         return
     if runtime.total_seconds() < pool.executor.termination_grace_seconds + POOL_DELETE_MARGIN:
         raise kopf.TemporaryError(f"{left} slot pods of pool {name} still exiting", delay=1)

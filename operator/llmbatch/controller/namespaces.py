@@ -2,9 +2,9 @@
 
 A tenant is a namespace; what the operator reads of it are annotations: the fair-share weight
 in every pool (``core.scheduling.WEIGHT_ANNOTATION``) and whether expedited batches are allowed
-(``core.tiers``). kopf watches the namespaces and hands each change to :meth:`notice`; a
-namespace the watch has not shown yet (the operator just started) reads as unknown, and callers
-that must not guess fall back to a GET.
+(``core.tiers``); and labels: which pools serve it (``core.tenancy``). kopf watches the
+namespaces and hands each change to :meth:`notice`; a namespace the watch has not shown yet (the
+operator just started) reads as unknown, and callers that must not guess fall back to a GET.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from llmbatch.core.scheduling import tenant_weight
 
 
 class NamespaceCache:
-    """Annotations of every namespace, by name."""
+    """Annotations and labels of every namespace, by name."""
 
     def __init__(self) -> None:
         self._annotations: dict[str, dict[str, str]] = {}
+        self._labels: dict[str, dict[str, str]] = {}
 
     def notice(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
         meta = body.get("metadata") or {}
@@ -28,14 +29,20 @@ class NamespaceCache:
             return
         if deleted:
             self._annotations.pop(name, None)
+            self._labels.pop(name, None)
         else:
             self._annotations[name] = {
                 str(k): str(v) for k, v in (meta.get("annotations") or {}).items()
             }
+            self._labels[name] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
 
     def annotations(self, name: str) -> dict[str, str] | None:
         """The namespace's annotations; None when the watch has not shown it."""
         return self._annotations.get(name)
+
+    def labels(self, name: str) -> dict[str, str] | None:
+        """The namespace's labels (which pools serve it); None when the watch has not shown it."""
+        return self._labels.get(name)
 
     def weight(self, name: str) -> float:
         """The tenant's fair-share weight (1 for a namespace not seen yet)."""

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmbatch.core.admission import choose_pool
+from llmbatch.core.tenancy import Tenant
 
 Listing = Callable[[], Awaitable[list[dict[str, Any]]]]
 Reading = Callable[[str], Awaitable[dict[str, Any] | None]]
@@ -55,13 +56,14 @@ class PoolCatalog:
             self._pools[name] = body
 
     async def choose(
-        self, model: str, wanted: str | None
+        self, model: str, wanted: str | None, tenant: Tenant | None = None
     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """The pool serving ``model`` (named ``wanted``, if given), as the API server would list
-        it: from the watch when it shows one, else from a fresh listing; with the pools it was
-        chosen from (for the message when none serves the model)."""
+        """The pool serving ``model`` (named ``wanted``, if given; to ``tenant``, if given), as
+        the API server would list it: from the watch when it shows one, else from a fresh
+        listing; with the pools it was chosen from (for the message when none serves the
+        model)."""
         known = [self._pools[name] for name in sorted(self._pools)]  # API order: by name
-        chosen = choose_pool(known, model, wanted)
+        chosen = choose_pool(known, model, wanted, tenant)
         if chosen is not None and await self._confirm(chosen["metadata"]["name"]):
             return self._pools[chosen["metadata"]["name"]], known
         listed = await self._listing()
@@ -71,7 +73,7 @@ class PoolCatalog:
             if not (p.get("metadata") or {}).get("deletionTimestamp")
             and self._served(str((p.get("metadata") or {}).get("name") or ""))
         ]
-        return choose_pool(live, model, wanted), live
+        return choose_pool(live, model, wanted, tenant), live
 
     async def _confirm(self, name: str) -> bool:
         """Whether pool ``name`` still exists (read at most every :data:`CONFIRM_SECONDS`)."""

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.resources import BatchPoolSpec, Tier
+from llmbatch.core.tenancy import Tenant, pool_serves
 
 CATALOG_MAX_REQUESTS = 1000
 """Requests per batch on a catalog (Tokens) pool unless the pool says otherwise (seed 000)."""
@@ -20,9 +21,10 @@ PRIVATE_MAX_REQUESTS = 95
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a batch is not admitted: ``too_large`` (400) or ``over_quota`` (429)."""
+    """Why a batch is not admitted: ``too_large`` or ``not_allowed`` (400), ``over_quota``
+    (429)."""
 
-    kind: Literal["too_large", "over_quota"]
+    kind: Literal["too_large", "not_allowed", "over_quota"]
     code: str
     message: str
     param: str | None = None
@@ -43,13 +45,19 @@ def output_limit_required(pool: BatchPoolSpec) -> bool:
 
 
 def choose_pool(
-    pools: Iterable[dict[str, Any]], model: str | None, wanted: str | None = None
+    pools: Iterable[dict[str, Any]],
+    model: str | None,
+    wanted: str | None = None,
+    tenant: Tenant | None = None,
 ) -> dict[str, Any] | None:
-    """The first pool (in API order, as the operator picks) serving ``model``."""
+    """The first pool (in API order, as the operator picks) serving ``model`` (to ``tenant``
+    when given: a pool whose ``tenants`` leave it out is skipped)."""
     if not model:
         return None
     for pool in pools:
         if wanted and (pool.get("metadata") or {}).get("name") != wanted:
+            continue
+        if tenant is not None and not pool_serves(pool, tenant):
             continue
         names = [m.get("name") for m in (pool.get("spec") or {}).get("models") or []]
         if model in names:
@@ -77,6 +85,18 @@ def check_batch_size(
             f"The input is {input_bytes} bytes; pool {pool_name} accepts at most "
             f"{pool.limits.max_bytes} bytes per batch.",
             param,
+        )
+    return None
+
+
+def check_tier(pool_name: str, pool: BatchPoolSpec, tier: Tier) -> Refusal | None:
+    """The pool's ``expeditedAllowed``: an expedited batch on a pool that refuses the tier."""
+    if tier == "expedited" and not pool.expedited_allowed:
+        return Refusal(
+            "not_allowed",
+            "expedited_not_allowed",
+            f"Pool {pool_name} does not accept expedited batches; use priority 'standard'.",
+            "priority",
         )
     return None
 

@@ -15,6 +15,7 @@ from llmbatch.core.admission import (
     Refusal,
     check_batch_size,
     check_tenant_queue,
+    check_tier,
     choose_pool,
 )
 from llmbatch.core.admission import output_limit_required as pool_output_limit_required
@@ -26,6 +27,7 @@ from llmbatch.core.billing import (
     estimate_output_tokens,
     new_reservation,
 )
+from llmbatch.core.tenancy import Tenant
 from llmbatch.gateway.errors import APIError
 from llmbatch.gateway.mapping import ANNOTATION_ESTIMATED_TOKENS, ANNOTATION_REQUESTS
 
@@ -40,28 +42,49 @@ class PoolPlan:
     estimate: Estimate
     name: str = ""
     pool: BatchPoolSpec | None = None
-    """None: no pool serves the model (validation will fail the batch); only tenant limits."""
+    """None: the model was not known at creation (validation settles it); only tenant limits."""
     status: dict[str, Any] | None = None
     pricing: Pricing | None = None
 
 
-def output_limit_required(pools: list[dict[str, Any]], model: str | None) -> bool:
+def output_limit_required(
+    pools: list[dict[str, Any]], model: str | None, tenant: Tenant | None = None
+) -> bool:
     """Whether every row of an upload for ``model`` must bound its output tokens (seed 000).
 
     The pool the operator will pick decides: a Tokens (catalog) pool always requires it, a
     GPUTime (private) pool unless its ``limits.requireOutputTokenLimit`` is false. A model no
     pool serves keeps the default (its batch fails validation anyway).
     """
-    pool_obj = choose_pool(pools, model)
+    pool_obj = choose_pool(pools, model, tenant=tenant)
     if pool_obj is None:
         return True
     return pool_output_limit_required(BatchPoolSpec.model_validate(pool_obj.get("spec") or {}))
 
 
+def unserved_model_error(
+    pools: list[dict[str, Any]], model: str | None, tenant: Tenant, param: str
+) -> APIError | None:
+    """404 ``model_not_found`` for a model no pool serves to ``tenant``: none serves it at all,
+    or only pools of other tenants do (a private deployment) — one answer for both, so another
+    tenant's model names stay as unknown as names nobody serves. None when the model is
+    unknown here (not recorded on the file): validation then settles it."""
+    if not model or choose_pool(pools, model, tenant=tenant) is not None:
+        return None
+    shown = model if len(model) <= 128 else model[:128] + "..."
+    return APIError(
+        404,
+        f"The model '{shown}' does not exist or you do not have access to it.",
+        type="invalid_request_error",
+        param=param,
+        code="model_not_found",
+    )
+
+
 def plan_admission(
     pool_obj: dict[str, Any] | None, tier: Tier, size: BatchSize, param: str
 ) -> PoolPlan | Refusal:
-    """The estimate on the chosen pool, or its per-batch caps' refusal."""
+    """The estimate on the chosen pool, or the refusal of its tier switch or per-batch caps."""
     if pool_obj is None:
         output = estimate_output_tokens(size, PoolBilling().default_output_tokens)
         return PoolPlan(Estimate(estimate_input_tokens(size.input_bytes), output, Decimal(0)))
@@ -69,7 +92,9 @@ def plan_admission(
     pool = BatchPoolSpec.model_validate(pool_obj.get("spec") or {})
     status = pool_obj.get("status") or {}
     pricing = getattr(pool.tiers, tier).pricing
-    refusal = check_batch_size(name, pool, size.requests, size.input_bytes, param)
+    refusal = check_tier(name, pool, tier) or check_batch_size(
+        name, pool, size.requests, size.input_bytes, param
+    )
     if refusal is not None:
         return refusal
     estimate = estimate_batch(pool, pricing, size, status.get("throughputPerSlot"))
@@ -133,8 +158,8 @@ def _queued_tokens(batch: dict[str, Any]) -> int:
 
 
 def refusal_error(refusal: Refusal) -> APIError:
-    """400 for a per-batch cap, else 429 with Retry-After."""
-    if refusal.kind == "too_large":
+    """400 for a per-batch cap or a tier the pool refuses, else 429 with Retry-After."""
+    if refusal.kind in ("too_large", "not_allowed"):
         return APIError(400, refusal.message, param=refusal.param, code=refusal.code)
     return APIError(
         429,

@@ -79,6 +79,8 @@ class KubeAPI(Protocol):
 
     async def namespace_annotations(self, namespace: str) -> dict[str, str] | None: ...
 
+    async def namespace_labels(self, namespace: str) -> dict[str, str] | None: ...
+
     async def list_key_secrets(self, namespace: str) -> tuple[list[dict[str, Any]], str]: ...
 
     def watch_key_secrets(
@@ -244,6 +246,10 @@ class GatewayKube:
     async def namespace_annotations(self, namespace: str) -> dict[str, str] | None:
         with _upstream(f"read namespace {namespace}"):
             return await self.kube.namespace_annotations(namespace)
+
+    async def namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        with _upstream(f"read namespace {namespace}"):
+            return await self.kube.namespace_labels(namespace)
 
     async def list_key_secrets(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
         listing = await self.kube.call(

@@ -416,6 +416,16 @@ class KubeClient:
             raise
         return dict(ns.metadata.annotations or {})
 
+    async def namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        """The namespace's labels; None when it does not exist."""
+        try:
+            ns = await self.call(self.core.read_namespace, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(ns.metadata.labels or {})
+
     # --- events and secrets --------------------------------------------------------------------
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:

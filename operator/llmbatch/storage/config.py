@@ -11,7 +11,9 @@ URI grammar (see docs/storage.md)::
 S3 query parameters: ``endpoint_url``, ``region``, ``path_style`` (true/false), ``secret_dir``,
 ``checksum`` (``when_required`` | ``when_supported``), ``conditional_writes`` (``auto`` |
 ``native`` | ``emulate``), ``max_attempts``, ``retry_mode`` (``standard`` | ``adaptive`` |
-``legacy``), ``part_size`` (bytes, >= 5 MiB), ``connect_timeout`` and ``read_timeout`` (seconds).
+``legacy``), ``part_size`` (bytes, >= 5 MiB), ``connect_timeout`` and ``read_timeout``
+(seconds), ``sse`` (``AES256`` for SSE-S3, ``aws:kms`` for SSE-KMS) and ``sse_kms_key_id`` (the
+KMS key id, ARN or alias; only with ``sse=aws:kms``; empty: the account's default S3 KMS key).
 An unknown parameter is an error, so a typo never silently falls back to a default.
 """
 
@@ -36,6 +38,7 @@ MAX_PARTS = 10_000
 ChecksumMode = Literal["when_required", "when_supported"]
 ConditionalWrites = Literal["auto", "native", "emulate"]
 RetryMode = Literal["standard", "adaptive", "legacy"]
+ServerSideEncryption = Literal["AES256", "aws:kms"]
 
 #: File names in a mounted secret directory, in order of preference: (key id, secret, token).
 SECRET_FILE_NAMES: tuple[tuple[str, str, str], ...] = (
@@ -91,6 +94,11 @@ class S3Config:
     part_size: int = 8 * MIB
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    #: Server-side encryption asked for on every write (PutObject, CreateMultipartUpload, and so
+    #: every compose and copy): ``AES256`` (SSE-S3) or ``aws:kms`` (SSE-KMS); None sends none.
+    sse: ServerSideEncryption | None = None
+    #: The KMS key of SSE-KMS (id, ARN or alias); None: the bucket's / account's default key.
+    sse_kms_key_id: str | None = None
 
     def __post_init__(self) -> None:
         if not _BUCKET.match(self.bucket):
@@ -103,6 +111,17 @@ class S3Config:
             raise ValueError("max_attempts must be >= 1")
         if self.endpoint_url is not None and not re.match(r"^https?://[^/]", self.endpoint_url):
             raise ValueError(f"endpoint_url must be http(s)://host[:port]: {self.endpoint_url!r}")
+        if self.sse_kms_key_id is not None and self.sse != "aws:kms":
+            raise ValueError("sse_kms_key_id needs sse=aws:kms")
+
+    def encryption_args(self) -> dict[str, str]:
+        """The boto3 arguments every object-creating request carries (none without ``sse``)."""
+        if self.sse is None:
+            return {}
+        args: dict[str, str] = {"ServerSideEncryption": self.sse}
+        if self.sse_kms_key_id:
+            args["SSEKMSKeyId"] = self.sse_kms_key_id
+        return args
 
     def to_uri(self) -> str:
         """The ``s3://`` URI that :func:`parse_store_uri` turns back into this config.
@@ -123,6 +142,8 @@ class S3Config:
             "part_size",
             "connect_timeout",
             "read_timeout",
+            "sse",
+            "sse_kms_key_id",
         ):
             value = getattr(self, name)
             if value != getattr(defaults, name):
@@ -166,8 +187,10 @@ def _parse_s3(uri: str) -> S3Config:
         if len(values) != 1:
             raise ValueError(f"store URI parameter {name!r} given {len(values)} times")
         value = values[0]
-        if name in ("endpoint_url", "region", "secret_dir"):
+        if name in ("endpoint_url", "region", "secret_dir", "sse_kms_key_id"):
             kwargs[name] = value or None
+        elif name == "sse":
+            kwargs[name] = _choice(name, value, ("AES256", "aws:kms")) if value else None
         elif name == "path_style":
             kwargs[name] = _parse_bool(name, value)
         elif name == "checksum":
@@ -291,6 +314,20 @@ class StoreSettings(BaseModel):
         description="If-None-Match support: auto (probe), native, or emulate (best effort).",
     )
 
+    encryption: Literal["", "sse-s3", "sse-kms"] = Field(
+        default="",
+        description=(
+            "Server-side encryption of every object written: sse-s3 (AES256, keys managed by "
+            "the store) or sse-kms (AWS KMS); empty: none asked for (the bucket default applies)."
+        ),
+    )
+    kms_key_id: str | None = Field(
+        default=None,
+        alias="kmsKeyID",
+        max_length=2048,
+        description="sse-kms only: the KMS key id, ARN or alias; empty: the default KMS key.",
+    )
+
     def to_uri(self) -> str:
         """The store URI for these settings (what ``open_store`` takes)."""
         if self.backend == "filesystem":
@@ -309,5 +346,14 @@ class StoreSettings(BaseModel):
             secret_dir=self.secret_mount_path if self.credentials_secret else None,
             checksum=self.checksum,
             conditional_writes=self.conditional_writes,
+            sse=_SSE_OF[self.encryption],
+            sse_kms_key_id=self.kms_key_id or None,
         )
         return config.to_uri()
+
+
+_SSE_OF: dict[str, ServerSideEncryption | None] = {
+    "": None,
+    "sse-s3": "AES256",
+    "sse-kms": "aws:kms",
+}

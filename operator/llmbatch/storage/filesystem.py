@@ -9,6 +9,10 @@ shared filesystem whose ``flock`` is cluster-wide, as NFSv4's is). The
 sha256 of every write is kept in the ``user.llmbatch.sha256`` extended attribute where the
 filesystem supports xattrs (``head`` reports ``sha256=None`` elsewhere).
 
+Private: every file the store writes is 0600 and every directory it makes 0700, whatever the
+process umask (modes are set explicitly, and the temporary file is made 0600 before a byte is
+written, so no moment exists when another user could open it). An existing root keeps its mode.
+
 Keys map to paths (``a/b/c`` → ``<root>/a/b/c``), so unlike S3 a key cannot be both an object and
 a "directory" of other keys: writing ``a`` when ``a/b`` exists fails with :class:`StoreError`.
 """
@@ -45,6 +49,10 @@ from llmbatch.storage.base import (
 from llmbatch.storage.streams import iter_chunks, verified_source_stream
 
 _XATTR_SHA256 = "user.llmbatch.sha256"
+FILE_MODE = 0o600
+"""Mode of every object file (and its temporary file): the store's user only."""
+DIR_MODE = 0o700
+"""Mode of every directory the store makes."""
 _TMP_PREFIX = f"{RESERVED_SEGMENT_PREFIX}tmp-"
 #: Directories remembered as resolving inside the root (then the memory starts again).
 _CHECKED_DIRS = 4096
@@ -98,6 +106,29 @@ def _write_sha256(fd: int, digest: str) -> None:
             os.setxattr(fd, _XATTR_SHA256, digest.encode("ascii"))
 
 
+def _make_dirs(path: pathlib.Path) -> None:
+    """``mkdir -p`` with every directory made 0700 (set explicitly: the umask only narrows).
+
+    Raises like ``Path.mkdir``: FileNotFoundError when a parent made here was removed before
+    its child could be made, FileExistsError / NotADirectoryError when a parent is a file.
+    """
+    if path.is_dir():
+        return
+    missing: list[pathlib.Path] = []
+    for parent in (path, *path.parents):
+        if parent.is_dir():
+            break
+        missing.append(parent)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue  # a concurrent writer made it (with the same mode)
+        os.chmod(directory, DIR_MODE)
+
+
 class FilesystemStore(ObjectStore):
     """An :class:`ObjectStore` whose objects are files under ``root`` (created when missing)."""
 
@@ -105,7 +136,7 @@ class FilesystemStore(ObjectStore):
         root_path = pathlib.Path(root)
         if not root_path.is_absolute():
             raise ValueError(f"filesystem store root must be absolute: {root}")
-        root_path.mkdir(parents=True, exist_ok=True)
+        _make_dirs(root_path)
         self.root = root_path.resolve()
         self._inside: set[pathlib.Path] = set()  # directories found to resolve inside the root
 
@@ -199,7 +230,7 @@ class FilesystemStore(ObjectStore):
         # A concurrent delete may remove the (empty) parent between mkdir and open: retry.
         for _ in range(10):
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                _make_dirs(path.parent)
             except FileNotFoundError:
                 # mkdir(parents=True) made a grandparent that a delete pruned before the
                 # parent could be made in it
@@ -210,10 +241,13 @@ class FilesystemStore(ObjectStore):
                 continue  # lost a race with a delete pruning the directory
             tmp = path.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             except FileNotFoundError:
                 continue
-            os.close(fd)
+            try:
+                os.fchmod(fd, FILE_MODE)  # exactly 0600, whatever the umask took away
+            finally:
+                os.close(fd)
             return tmp
         raise StoreError(f"put {key}: parent directory keeps disappearing")
 

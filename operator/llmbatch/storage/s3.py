@@ -149,10 +149,21 @@ class S3Store(ObjectStore):
         probe = f"{self.prefix}{RESERVED_SEGMENT_PREFIX}probe/{uuid.uuid4().hex}"
         try:
             self._call(
-                "probe", probe, lambda: self.client.put_object(Bucket=self.bucket, Key=probe)
+                "probe",
+                probe,
+                lambda: self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=probe,
+                    **self.config.encryption_args(),  # type: ignore[arg-type]
+                ),
             )
             try:
-                self.client.put_object(Bucket=self.bucket, Key=probe, **condition)  # type: ignore[arg-type]
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=probe,
+                    **self.config.encryption_args(),  # type: ignore[arg-type]
+                    **condition,  # type: ignore[arg-type]
+                )
             except ClientError as exc:
                 code = error_code(exc)
                 if code in PRECONDITION:
@@ -231,6 +242,7 @@ class S3Store(ObjectStore):
                 Body=body,
                 ContentMD5=content_md5(body),
                 Metadata={METADATA_SHA256: digest},
+                **self.config.encryption_args(),  # type: ignore[arg-type]
                 **extra,  # type: ignore[arg-type]
             ),
         )
@@ -253,6 +265,7 @@ class S3Store(ObjectStore):
                     ContentMD5=content_md5(data),
                     Metadata={METADATA_SHA256: digest},
                     IfMatch=version,
+                    **self.config.encryption_args(),  # type: ignore[arg-type]
                 )
                 return ObjectInfo(key=key, size=len(data), sha256=digest, etag=response["ETag"])
             except ClientError as exc:

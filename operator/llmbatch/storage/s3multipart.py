@@ -54,7 +54,12 @@ class MultipartUpload:
             op,
             key,
             lambda: store.client.create_multipart_upload(
-                Bucket=store.bucket, Key=full, Metadata=metadata
+                Bucket=store.bucket,
+                Key=full,
+                Metadata=metadata,
+                # the whole object's encryption is set here: UploadPart and UploadPartCopy take
+                # SSE-C headers only, never SSE-S3 / SSE-KMS ones (S3 refuses them there)
+                **store.config.encryption_args(),  # type: ignore[arg-type]
             )["UploadId"],
         )
         return cls(store, key, full, upload_id)

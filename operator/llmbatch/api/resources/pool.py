@@ -30,6 +30,44 @@ class PoolModel(CRModel):
     """generate for chat/completions, pooling for embeddings."""
 
 
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=317)]
+"""A label key: an optional DNS prefix (253) and '/' and a name (63)."""
+
+
+class LabelRequirement(CRModel):
+    """One requirement of a label selector (as in meta/v1 LabelSelectorRequirement)."""
+
+    key: LabelKey
+    """The label key."""
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    """How the label's value relates to values."""
+    values: Annotated[list[Label], Field(max_length=64)] | None = None
+    """Values for In and NotIn."""
+
+
+class NamespaceSelector(CRModel):
+    """Tenant namespaces by label (as a meta/v1 LabelSelector: every term must hold)."""
+
+    match_labels: (
+        Annotated[
+            dict[Annotated[str, StringConstraints(max_length=317)], Label], Field(max_length=32)
+        ]
+        | None
+    ) = None
+    """Labels the namespace must carry with exactly these values."""
+    match_expressions: Annotated[list[LabelRequirement], Field(max_length=16)] | None = None
+    """Further requirements on the namespace's labels."""
+
+
+class PoolTenants(CRModel):
+    """The tenants (namespaces) a pool serves: one listed, or one the selector matches."""
+
+    namespaces: Annotated[list[DNSName], Field(max_length=256)] | None = None
+    """Tenant namespaces served by name."""
+    namespace_selector: NamespaceSelector | None = None
+    """Tenant namespaces served by label (an empty selector matches every namespace)."""
+
+
 class Toleration(CRModel):
     """A pod toleration (as in core/v1)."""
 
@@ -222,6 +260,10 @@ class BatchPoolSpec(CRModel):
     """How long the wanted slot count must stay lower before slots are released."""
     retention: PoolRetention | None = None
     """How long files of batches on this pool are kept; unset: LLMBATCH_RETENTION_* defaults."""
+    tenants: PoolTenants | None = None
+    """The tenants this pool serves (a private deployment's owners); unset: every tenant.
+    Others do not see its models in /v1/models and their batches for them are refused with
+    model_not_found."""
 
 
 class QueueDepth(CRModel):

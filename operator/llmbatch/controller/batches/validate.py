@@ -36,11 +36,13 @@ from llmbatch.controller.poolcatalog import PoolCatalog
 from llmbatch.core import billing, keys, tiers
 from llmbatch.core.admission import (
     check_pool_queue,
+    check_tier,
     max_requests,
     output_limit_required,
 )
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.inline import inline_file
+from llmbatch.core.tenancy import Tenant, pool_serves
 from llmbatch.core.validation import (
     ErrorCode,
     InvalidLine,
@@ -93,6 +95,8 @@ class Validation:
         self.clock = clock
         self.namespace_annotations: Callable[[str], dict[str, str] | None] = lambda _ns: None
         """A namespace's annotations from the operator's watch (None: not seen; read it)."""
+        self.namespace_labels: Callable[[str], dict[str, str] | None] = lambda _ns: None
+        """A namespace's labels from the operator's watch (None: not seen; read it)."""
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         started = time.perf_counter()
@@ -121,7 +125,7 @@ class Validation:
             )
             if not verdict.ok:
                 raise Rejected(errors_of([e.as_dict() for e in verdict.errors]))
-        pool = await self._choose_pool(spec, model)
+        pool = await self._choose_pool(batch.namespace, spec, model)
         name, pool_spec, pool_status = pool
         await self._check_tier(batch.namespace, spec, name, pool_spec)
         limits = ValidationLimits(
@@ -290,23 +294,37 @@ class Validation:
 
     # --- the pool ------------------------------------------------------------------------------
 
-    async def _choose_pool(self, spec: BatchSpec, model: str | None) -> Pool:
+    async def _choose_pool(self, namespace: str, spec: BatchSpec, model: str | None) -> Pool:
+        """The pool for the batch: one serving its model to its tenant (defence in depth behind
+        the gateway's 404: another tenant's private deployment is as unknown as no pool)."""
         if model is None:
             missing = InvalidLine(
                 ErrorCode.MISSING_MODEL, "No line of the input names a model.", None, "body.model"
             )
             raise Rejected(errors_of([missing.as_dict()]))
-        chosen, pools = await self.pools.choose(model, spec.pool)
+        tenant = await self._tenant(namespace)
+        chosen, pools = await self.pools.choose(model, spec.pool, tenant)
         if chosen is not None:
             spec_of = BatchPoolSpec.model_validate(chosen.get("spec") or {})
             return chosen["metadata"]["name"], spec_of, chosen.get("status") or {}
-        served = {m.get("name") for p in pools for m in (p.get("spec") or {}).get("models") or []}
+        served = {
+            m.get("name")
+            for p in pools
+            if pool_serves(p, tenant)
+            for m in (p.get("spec") or {}).get("models") or []
+        }
         where = f"pool {spec.pool!r}" if spec.pool else "any pool"
         listing = ", ".join(sorted(str(name) for name in served)) or "none"
         # a line may name any model: cut it so the message fits status.errors (4096 characters)
         shown = model if len(model) <= 256 else model[:256] + "…"
         message = f"Model {shown!r} is not served by {where}. Served models: {listing}."
         raise Rejected([error("model_not_found", message, "body.model")])
+
+    async def _tenant(self, namespace: str) -> Tenant:
+        labels = self.namespace_labels(namespace)
+        if labels is None:
+            labels = await self.kube.namespace_labels(namespace) or {}
+        return Tenant(namespace, labels)
 
     async def _check_tier(
         self, namespace: str, spec: BatchSpec, pool_name: str, pool: BatchPoolSpec
@@ -319,9 +337,9 @@ class Validation:
         if tiers.expedited_disabled(annotations):
             message = "Expedited priority is disabled for this organization."
             raise Rejected([error("expedited_not_allowed", message, "priority")])
-        if not pool.expedited_allowed:
-            message = f"Pool {pool_name} does not accept expedited batches."
-            raise Rejected([error("expedited_not_allowed", message, "priority")])
+        refused = check_tier(pool_name, pool, spec.priority)
+        if refused is not None:
+            raise Rejected([error(refused.code, refused.message, refused.param)])
 
     # --- credit --------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from llmbatch.gateway.admission import (
     refusal_error,
     reservation,
     tenant_quota_refusal,
+    unserved_model_error,
 )
 from llmbatch.gateway.bodylimit import CappedBodyRoute
 from llmbatch.gateway.creation import (
@@ -53,6 +54,7 @@ from llmbatch.gateway.mapping import (
     paginate,
 )
 from llmbatch.gateway.responses import ERROR_RESPONSES, json_data, json_response
+from llmbatch.gateway.tenants import caller_tenant
 
 router = APIRouter(responses=ERROR_RESPONSES, route_class=CappedBodyRoute)
 T = TypeVar("T")
@@ -137,17 +139,24 @@ async def _admit(
     size: BatchSize,
     model: str | None,
 ) -> Admitted:
-    """Per-batch caps (400), tenant and pool queue limits (429), then the credit (402).
+    """A model no pool serves to the tenant (404), per-batch caps and the pool's tier switch
+    (400), tenant and pool queue limits (429), then the credit (402).
 
-    The pool is the one the operator will choose for the model; without one (the model is not
-    served: validation will fail the batch) only the tenant's limits apply.
+    The pool is the one the operator will choose for the model; when the model is not known at
+    creation (too long a name to record on the file: validation settles it) only the tenant's
+    limits apply.
     """
     pools = await gw.kube.list_pools()
-    if request.inline is not None and output_limit_required(pools, model):
+    tenant = await caller_tenant(gw, namespace, pools)
+    unserved = unserved_model_error(pools, model, tenant, _model_param(request))
+    if unserved is not None:
+        metrics.BATCHES_REFUSED.labels("model_not_found").inc()
+        raise unserved
+    if request.inline is not None and output_limit_required(pools, model, tenant):
         unbounded = unbounded_inline_error(request.inline, request.spec.endpoint)
         if unbounded is not None:  # seed 000: the pool bills output tokens, rows must bound them
             raise unbounded
-    pool_obj = choose_pool(pools, model)
+    pool_obj = choose_pool(pools, model, tenant=tenant)
     plan = _admitted(plan_admission(pool_obj, request.spec.priority, size, request.input_param))
     if has_tenant_quota(annotations):
         batches = await gw.kube.list_objects("batches", namespace)
@@ -163,6 +172,11 @@ async def _admit(
         metrics.BATCHES_REFUSED.labels(exc.code or str(exc.status)).inc()
         raise
     return Admitted(plan.estimate, reserved)
+
+
+def _model_param(request: BatchRequest) -> str:
+    """Where the model was named: the first inline request's body, else the file's lines."""
+    return "requests[0].body.model" if request.inline is not None else "input_file_id"
 
 
 def _admitted(outcome: T | Refusal) -> T:

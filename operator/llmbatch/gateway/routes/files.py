@@ -31,6 +31,7 @@ from llmbatch.gateway.mapping import (
     paginate,
 )
 from llmbatch.gateway.responses import ERROR_RESPONSES, json_data, json_response
+from llmbatch.gateway.tenants import caller_tenant
 from llmbatch.gateway.upload import MultipartUpload, StoredUpload
 from llmbatch.gateway.uploadcheck import MAX_EXPIRES_SECONDS, MIN_EXPIRES_SECONDS
 from llmbatch.storage import ObjectNotFound, StoreError
@@ -77,12 +78,13 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
     file_id = keys.new_file_id()
     key = keys.file_key(who.namespace, file_id)
     pools = await gw.kube.list_pools()
+    tenant = await caller_tenant(gw, who.namespace, pools)
     upload = MultipartUpload(
         request,
         gw.store,
         key,
         gw.settings.max_upload_bytes,
-        lambda model: output_limit_required(pools, model),
+        lambda model: output_limit_required(pools, model, tenant),
     )
     stored = await _store(upload)
     try:

@@ -1,0 +1,227 @@
+"""Private deployments belong to tenants, expedited is refused where a pool disallows it, and
+tier prices that break the documents' order are flagged — on the real control plane, through
+the official openai SDK against a gateway process, and with a real operator for what a kubectl
+Batch meets (#32 items 5, 7, 8)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.fixtures.gateway import GatewayProcess, Tenant
+from tests.fixtures.operator import OperatorProcess, simulated_pool
+from tests.integration.test_gateway import CHAT, TenantFactory, create, jsonl, line, upload
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def pools(gateway_process: GatewayProcess) -> Iterator[list[str]]:
+    """Names of the pools a test applies (deleted after it)."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        gateway_process.kubectl("delete", "batchpool", name, "--wait=false", check=False)
+
+
+def apply_pool(gw: GatewayProcess, made: list[str], model: str, **spec: Any) -> str:
+    name = f"pool-{uuid.uuid4().hex[:6]}"
+    manifest = {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "BatchPool",
+        "metadata": {"name": name},
+        "spec": {"models": [{"name": model, "source": "/models/x"}], **spec},
+    }
+    gw.kubectl("apply", "-f", "-", obj=manifest)
+    made.append(name)
+    return name
+
+
+def inline(client: openai.OpenAI, rows: list[dict[str, Any]], **extra: Any) -> Any:
+    body = {"endpoint": CHAT, "completion_window": "24h", "requests": rows, **extra}
+    return client.post("/batches", body=body, cast_to=openai.types.Batch)
+
+
+def model_ids(tenant: Tenant) -> set[str]:
+    return {m.id for m in tenant.client().models.list().data}
+
+
+def test_a_private_deployment_is_its_tenants_only(
+    tenant_factory: TenantFactory, gateway_process: GatewayProcess, pools: list[str]
+) -> None:
+    owner, other = tenant_factory(), tenant_factory()
+    model = f"private-{uuid.uuid4().hex[:6]}"
+    tenants = {"namespaces": [owner.namespace]}
+    billing = {"mode": "GPUTime", "gpuHourPrice": "2.40"}
+    apply_pool(gateway_process, pools, model, tenants=tenants, billing=billing)
+    # the owner sees its deployment, marked as such, and its batches are accepted
+    entry = owner.client().models.retrieve(model).model_dump()
+    assert (entry["owned_by"], entry["batch"]["kind"]) == (owner.namespace, "deployment")
+    assert entry["batch"]["gpu_hour_price"] == "2.40"
+    rows = [line(1, model=model), line(2, model=model)]
+    assert create(owner.client(), upload(owner.client(), jsonl(rows))).status == "validating"
+    # another tenant does not see it, and its batches for it are 404 model_not_found
+    client = other.client()
+    assert model not in model_ids(other)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve(model)
+    file_id = upload(client, jsonl(rows))  # the upload is checked line by line, and kept
+    with pytest.raises(openai.NotFoundError) as err:
+        create(client, file_id)
+    assert (err.value.code, err.value.param) == ("model_not_found", "input_file_id")
+    with pytest.raises(openai.NotFoundError) as err:
+        inline(client, rows)
+    assert (err.value.code, err.value.param) == ("model_not_found", "requests[0].body.model")
+    assert client.batches.list().data == []  # nothing created
+
+
+def test_a_label_selector_names_the_served_tenants(
+    tenant_factory: TenantFactory, gateway_process: GatewayProcess, pools: list[str]
+) -> None:
+    member, outsider = tenant_factory(), tenant_factory()
+    org = f"org-{uuid.uuid4().hex[:6]}"
+    gateway_process.kubectl("label", "namespace", member.namespace, f"llmbatch.io/org={org}")
+    model = f"selected-{uuid.uuid4().hex[:6]}"
+    selector = {"namespaceSelector": {"matchLabels": {"llmbatch.io/org": org}}}
+    apply_pool(gateway_process, pools, model, tenants=selector)
+    assert model in model_ids(member)
+    entry = member.client().models.retrieve(model).model_dump()
+    assert (entry["owned_by"], entry["batch"]["kind"]) == ("llmbatch", "catalog")
+    assert model not in model_ids(outsider)
+    assert inline(member.client(), [line(1, model=model)]).status == "validating"
+    with pytest.raises(openai.NotFoundError):
+        inline(outsider.client(), [line(1, model=model)])
+
+
+def test_expedited_on_a_pool_that_disallows_it_is_400_at_create(
+    tenant_factory: TenantFactory, gateway_process: GatewayProcess, pools: list[str]
+) -> None:
+    tenant = tenant_factory()
+    model = f"noexp-{uuid.uuid4().hex[:6]}"
+    apply_pool(gateway_process, pools, model, expeditedAllowed=False)
+    client = tenant.client()
+    file_id = upload(client, jsonl([line(1, model=model)]))
+    with pytest.raises(openai.BadRequestError) as err:
+        create(client, file_id, extra_body={"priority": "expedited"})
+    assert (err.value.code, err.value.param) == ("expedited_not_allowed", "priority")
+    with pytest.raises(openai.BadRequestError) as err:
+        inline(client, [line(1, model=model)], priority="expedited")
+    assert (err.value.code, err.value.param) == ("expedited_not_allowed", "priority")
+    assert client.batches.list().data == []  # nothing stored
+    assert create(client, file_id).priority == "standard"  # the standard tier is served
+
+
+# --- the operator --------------------------------------------------------------------------------
+
+
+def kubectl_json(cluster: Any, *args: str) -> Any:
+    return json.loads(cluster.kubectl(*args, "-o", "json"))
+
+
+def apply(cluster: Any, tmp_path: pathlib.Path, obj: dict[str, Any]) -> None:
+    path = tmp_path / f"{uuid.uuid4().hex}.json"
+    path.write_text(json.dumps(obj))
+    cluster.kubectl("apply", "-f", str(path))
+
+
+def wait(what: str, check: Any, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_operator_refuses_a_kubectl_batch_for_another_tenants_pool(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    model = f"sim-{uuid.uuid4().hex[:6]}"
+    pool = f"pool-{uuid.uuid4().hex[:6]}"
+    apply(cluster, tmp_path, simulated_pool(pool, model, tenants={"namespaces": ["someone-else"]}))
+    try:
+        name = f"batch-{uuid.uuid4().hex[:24]}"
+        request = {
+            "customID": "r1",
+            "url": CHAT,
+            "body": {
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            },
+        }
+        batch = {
+            "apiVersion": "llmbatch.io/v1alpha1",
+            "kind": "Batch",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"endpoint": CHAT, "completionWindow": "24h", "requests": [request]},
+        }
+        apply(cluster, tmp_path, batch)
+
+        def failed() -> Any:
+            status = kubectl_json(cluster, "get", "batch", name, "-n", namespace).get("status")
+            return status if (status or {}).get("status") == "failed" else None
+
+        status = wait(f"{name} failed", failed)
+        (error,) = status["errors"]
+        assert error["code"] == "model_not_found"
+        assert model in error["message"]
+        assert status.get("pool") is None  # never placed on the other tenant's pool
+    finally:
+        cluster.kubectl("delete", "batchpool", pool, "--wait=false", check=False)
+
+
+def test_a_pool_whose_prices_break_the_order_is_flagged(
+    cluster: Any, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    pool = f"pool-{uuid.uuid4().hex[:6]}"
+    cheap = {"inputPerMillion": "0.10", "outputPerMillion": "0.10"}
+    dear = {"inputPerMillion": "0.22", "outputPerMillion": "0.22"}
+    tiers = {
+        "expedited": {"drainTargetSeconds": 600, "pricing": cheap},
+        "standard": {"drainTargetSeconds": 43200, "pricing": dear},
+        "flex": {"drainTargetSeconds": 172800, "pricing": cheap},
+    }
+    manifest = simulated_pool(pool, f"sim-{uuid.uuid4().hex[:6]}", tiers=tiers)
+    apply(cluster, tmp_path, manifest)
+    try:
+
+        def condition(status: str) -> Any:
+            def check() -> Any:
+                obj = kubectl_json(cluster, "get", "batchpool", pool)
+                for cond in (obj.get("status") or {}).get("conditions") or []:
+                    if cond["type"] == "TierPricesOrdered" and cond["status"] == status:
+                        return cond
+                return None
+
+            return check
+
+        cond = wait("TierPricesOrdered=False", condition("False"))
+        assert cond["reason"] == "TierPricesOutOfOrder"
+        assert (
+            "tiers.expedited inputPerMillion 0.10 is below tiers.standard's 0.22"
+            in (cond["message"])
+        )
+        time.sleep(3)  # several pool rounds: the warning is posted once, not every round
+        events = kubectl_json(
+            cluster, "get", "events", "-A", "--field-selector", f"involvedObject.name={pool}"
+        )["items"]
+        warnings = [e for e in events if e["reason"] == "TierPricesOutOfOrder"]
+        assert [(e["type"], e.get("count") or 1) for e in warnings] == [("Warning", 1)]
+        # fixed: the condition clears
+        manifest["spec"]["tiers"]["expedited"]["pricing"] = {
+            "inputPerMillion": "0.44",
+            "outputPerMillion": "0.44",
+        }
+        apply(cluster, tmp_path, manifest)
+        wait("TierPricesOrdered=True", condition("True"))
+    finally:
+        cluster.kubectl("delete", "batchpool", pool, "--wait=false", check=False)
