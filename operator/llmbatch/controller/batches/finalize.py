@@ -6,6 +6,7 @@ pool was deleted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -31,6 +32,7 @@ from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
+from llmbatch.storage.base import ObjectExists
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 
 #: While slots still flush a stopping batch's shards, it looks again this often.
@@ -85,9 +87,12 @@ class Finalization(PhaseDeps):
             selector = slot_selector(batch.status.pool)
             slots = {j["metadata"]["name"] for j in await self.kube.list_jobs(namespace, selector)}
         stopped = True
+        cancelling = batch.status.status == Phase.CANCELLING
         for shard, lease in leases:
             key = work_key(batch.uid, shard.index)
             channel = self._channel(batch, lease.slot)
+            if cancelling and lease.state == "granted":
+                await asyncio.to_thread(self._mark_cancelled, batch, shard)
             await asyncio.to_thread(channel.revoke, key)
             if lease.state == "done" or lease.slot not in slots:
                 continue
@@ -100,6 +105,15 @@ class Finalization(PhaseDeps):
                 prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
                 await asyncio.to_thread(fence_lease, self.store, keys.shard_lease_key(prefix))
         return stopped
+
+    def _mark_cancelled(self, batch: BatchView, shard: ShardStatus) -> None:
+        """The cancel mark beside a shard's results, before its take-back: the slot then lets
+        the shard's requests in the engine finish (for the pool's ``cancelDrainSeconds``), where
+        any other take-back cuts them after the short drain (seed 002: "Cancel requested.
+        Running requests finish.")."""
+        prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+        with contextlib.suppress(ObjectExists):
+            self.store.put(keys.shard_cancel_key(prefix), b"{}", if_absent=True)
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         if not await self._stop_shards(batch):
