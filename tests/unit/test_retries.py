@@ -8,8 +8,10 @@ from llmbatch.core.retries import (
     RetryPolicy,
     attempts_note,
     backoff,
+    error_code,
     is_transient,
     retry_after,
+    with_attempts,
 )
 
 POLICY = RetryPolicy(max_attempts=3, backoff_seconds=1.0, max_backoff_seconds=30.0)
@@ -62,3 +64,18 @@ def test_a_policy_without_an_attempt_is_refused() -> None:
 def test_the_note_names_the_attempts() -> None:
     assert "failed after 3 attempts" in attempts_note(3)
     assert "failed after 1 attempt;" in attempts_note(1)
+
+
+def test_the_noted_body_keeps_the_envelope_and_leaves_the_original() -> None:
+    error = {"message": "Overloaded.", "type": "server_error", "param": None, "code": None}
+    body = {"error": error}
+    noted = with_attempts(body, 3)
+    assert noted["error"]["message"] == "Overloaded." + attempts_note(3)
+    assert {k: v for k, v in noted["error"].items() if k != "message"} == {
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert body["error"]["message"] == "Overloaded."
+    assert error_code({"error": {"code": "request_crashed_engine"}}) == "request_crashed_engine"
+    assert error_code({"object": "chat.completion"}) is None

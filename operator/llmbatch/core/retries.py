@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 #: 4xx answers that say "not now" rather than "not this request".
 TRANSIENT_4XX = frozenset({408, 429})
@@ -84,3 +85,20 @@ def attempts_note(attempts: int) -> str:
     its attempts (appended to the engine's own message)."""
     plural = "attempt" if attempts == 1 else "attempts"
     return f" (failed after {attempts} {plural}; transient engine errors are retried with backoff)"
+
+
+def error_code(body: dict[str, Any]) -> str | None:
+    """The ``error.code`` of an error answer's body (the OpenAI envelope), if it has one."""
+    error = body.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def with_attempts(body: dict[str, Any], attempts: int) -> dict[str, Any]:
+    """The body of a request that still failed, its message saying how many attempts it had:
+    the OpenAI error envelope kept, only ``message`` grows (a copy; ``body`` is not changed)."""
+    error = body.get("error")
+    if not isinstance(error, dict):
+        return body
+    message = f"{error.get('message') or 'The engine failed.'}{attempts_note(attempts)}"
+    return {**body, "error": {**error, "message": message}}

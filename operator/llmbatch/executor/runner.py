@@ -18,7 +18,13 @@ from typing import Any, TypeVar
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_request_id, request_id
-from llmbatch.core.retries import RetryPolicy, attempts_note, is_transient, retry_after
+from llmbatch.core.retries import (
+    RetryPolicy,
+    error_code,
+    is_transient,
+    retry_after,
+    with_attempts,
+)
 from llmbatch.executor.engines.base import (
     Engine,
     EngineDead,
@@ -433,7 +439,7 @@ class ShardRunner:
                 if result is None:
                     return  # the engine failed: the run ends, the request runs again
                 self._last_result = time.monotonic()
-                code = _error_code(result.body)
+                code = error_code(result.body)
                 delay = retry_after(self.retry_policy, attempt, result.status_code, code, self.rand)
                 if delay is None:
                     break
@@ -450,7 +456,8 @@ class ShardRunner:
                 self._in_flight.add(request.custom_id)
                 attempt += 1
             if not result.ok and is_transient(result.status_code, code):
-                result = _with_attempts(result, attempt)
+                noted = with_attempts(result.body, attempt)
+                result = dataclasses.replace(result, body=noted)
             self._record(self._line(request.custom_id, result))
         finally:
             self._in_flight.discard(request.custom_id)
@@ -605,23 +612,6 @@ class ShardRunner:
             "skipped": self.stats.skipped,
             "in_flight": self.stats.in_flight,
         }
-
-
-def _error_code(body: dict[str, Any]) -> str | None:
-    """The ``error.code`` of an engine's error answer, if it has one."""
-    error = body.get("error")
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else None
-
-
-def _with_attempts(result: EngineResult, attempts: int) -> EngineResult:
-    """A final transient failure whose message says how many attempts it had (the OpenAI
-    error envelope kept: only ``message`` grows)."""
-    error = result.body.get("error")
-    if not isinstance(error, dict):
-        return result
-    message = f"{error.get('message') or 'The engine failed.'}{attempts_note(attempts)}"
-    return dataclasses.replace(result, body={**result.body, "error": {**error, "message": message}})
 
 
 def _crashed_engine(crashes: int) -> EngineResult:
