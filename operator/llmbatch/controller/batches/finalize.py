@@ -35,8 +35,13 @@ from llmbatch.core.retention import output_expires_at
 from llmbatch.storage.base import ObjectExists
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 
-#: While slots still flush a stopping batch's shards, it looks again this often.
+#: While slots still flush a stopping batch's shards, it looks again this often...
 FLUSH_RECHECK_SECONDS = 1.0
+#: ...and this often once a cancelled batch's requests have run that long (a cancel lets them
+#: finish for up to ``cancelDrainSeconds``; a shard that ends wakes the batch anyway, through
+#: the pool round, so this is only the safety net — not a slot listing a second for 10 min).
+CANCEL_RECHECK_AFTER_SECONDS = 30.0
+CANCEL_RECHECK_SECONDS = 5.0
 
 log = logging.getLogger("llmbatch.controller.batches")
 
@@ -117,7 +122,7 @@ class Finalization(PhaseDeps):
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         if not await self._stop_shards(batch):
-            step.again(now + FLUSH_RECHECK_SECONDS)  # slots still flushing the batch's shards
+            step.again(now + _recheck_seconds(batch, now))  # slots still flushing its shards
             return
         pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
         merged = await self._merge(batch)
@@ -256,6 +261,15 @@ class Finalization(PhaseDeps):
         if batch.status.status != Phase.FINALIZING or not batch.status.finalizing_at:
             step.set(finalizing_at=int(now))
         transition(step, batch, final, now, final.capitalize(), f"{counts} of {total}")
+
+
+def _recheck_seconds(batch: BatchView, now: float) -> float:
+    """How soon a stopping batch looks at its slots again."""
+    since = batch.status.cancelling_at
+    cancelling = batch.status.status == Phase.CANCELLING and since is not None
+    if cancelling and since is not None and now - since >= CANCEL_RECHECK_AFTER_SECONDS:
+        return CANCEL_RECHECK_SECONDS
+    return FLUSH_RECHECK_SECONDS
 
 
 def _derived(batch: BatchView, purpose: str) -> str:
