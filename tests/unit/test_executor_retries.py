@@ -186,3 +186,28 @@ def test_busy_time_is_charged_for_committed_results_only() -> None:
     assert final is not None
     assert final.completed == 40
     assert final.busy_seconds == pytest.approx(first + ledger.share("k2"), rel=0.05)
+
+
+def test_a_cancel_drain_ends_soon_after_its_mark_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the Batch was deleted while its requests finished: its work area (the mark with it) is
+    # removed, and the drain falls back to the short bound
+    monkeypatch.setattr("llmbatch.executor.runner.CANCEL_MARK_RECHECK_SECONDS", 0.2)
+    store = _store(8)
+    store.put(shard_cancel_key(PREFIX), b"{}")
+    engine = SimulatedEngine({"max_num_seqs": 2, "latency_seconds": 3.0}, ["m"])
+    spec = _spec(drain_seconds=0.2, cancel_drain_seconds=30.0, flush_lines=1000)
+
+    async def go() -> float:
+        runner = ShardRunner(spec, engine, store)
+        task = asyncio.create_task(runner.run())
+        while runner.stats.in_flight < 4:
+            await asyncio.sleep(0.005)
+        runner.request_stop(taken_back=True)
+        await asyncio.sleep(0.3)  # the long drain has begun
+        store.delete(shard_cancel_key(PREFIX))
+        asked = time.monotonic()
+        await task
+        return time.monotonic() - asked
+
+    assert asyncio.run(go()) < 1.5  # not the 3 s the requests would need
+    assert _lines(store, "output") == []

@@ -49,6 +49,9 @@ T = TypeVar("T")
 #: A request that was in the engine at this many of its crashes (the last time alone) is not
 #: sent again: it becomes an error line, and the rest of its shard runs.
 CRASHES_TO_GIVE_UP = 2
+#: A cancel's long drain checks this often that its cancel mark is still there: a Batch deleted
+#: meanwhile takes its work area with it, and its requests are not worth finishing.
+CANCEL_MARK_RECHECK_SECONDS = 5.0
 
 
 class Outcome(enum.Enum):
@@ -379,6 +382,7 @@ class ShardRunner:
     async def _drain(self) -> None:
         """Wait for in-flight requests: all of them normally, a grace period when stopping."""
         until: float | None = None
+        recheck = float("inf")  # when a cancel drain looks at its cancel mark again
         while self._tasks:
             if (
                 self._engine_failure is not None
@@ -388,8 +392,16 @@ class ShardRunner:
                 break
             timeout = 1.0
             if self._stopping:
+                now = time.monotonic()
                 if until is None:
-                    until = time.monotonic() + await self._drain_bound()
+                    bound = await self._drain_bound()
+                    until = now + bound
+                    if bound > self.spec.drain_seconds:
+                        recheck = now + CANCEL_MARK_RECHECK_SECONDS
+                elif now >= recheck:
+                    recheck = now + CANCEL_MARK_RECHECK_SECONDS
+                    if not await self._cancel_marked():  # the batch was deleted meanwhile
+                        until, recheck = min(until, now + self.spec.drain_seconds), float("inf")
                 if self._hard_stop_until is not None:
                     until = min(until, self._hard_stop_until)
                 # short waits: a SIGTERM during a long cancel drain shortens it at once
@@ -409,13 +421,7 @@ class ShardRunner:
         cancel = self.spec.cancel_drain_seconds
         if cancel is None or self._hard_stop_until is not None:
             return self.spec.drain_seconds
-        mark = keys.shard_cancel_key(self.spec.output_prefix)
-        try:
-            cancelled = await asyncio.to_thread(self.store.head, mark) is not None
-        except StoreError as exc:
-            log.warning("shard %s: cancel mark unreadable: %s", self.spec.shard_index, exc)
-            return self.spec.drain_seconds
-        if not cancelled:
+        if not await self._cancel_marked():
             return self.spec.drain_seconds
         log.info(
             "shard %s: batch cancelled; %d requests in flight may finish (up to %.0f s)",
@@ -424,6 +430,16 @@ class ShardRunner:
             cancel,
         )
         return cancel
+
+    async def _cancel_marked(self) -> bool:
+        """Whether the operator's cancel mark is beside the shard's results (an unreadable
+        store reads as no: the short drain)."""
+        mark = keys.shard_cancel_key(self.spec.output_prefix)
+        try:
+            return await asyncio.to_thread(self.store.head, mark) is not None
+        except StoreError as exc:
+            log.warning("shard %s: cancel mark unreadable: %s", self.spec.shard_index, exc)
+            return False
 
     # --- one request -----------------------------------------------------------------------------
 
