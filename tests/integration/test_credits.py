@@ -312,11 +312,13 @@ def test_transient_engine_errors_are_retried_and_billed_once(
     assert Decimal(account(cluster, namespace)["status"]["charged"]) == _tokens_cost(outputs)
 
 
+@pytest.mark.parametrize("billing", ["Tokens", "GPUTime"])
 def test_cancel_lets_the_requests_in_the_engine_finish_and_bills_them(
     cluster: ClusterCLI,
     operator_process: OperatorProcess,
     tenants: Callable[..., Tenant],
     tmp_path: pathlib.Path,
+    billing: str,
 ) -> None:
     # seed 002: "Cancel requested. Running requests finish." Requests take 4 s, four at a time
     # (2 x max_num_seqs in flight); any other take-back drains 1 s (terminationGraceSeconds 6),
@@ -326,6 +328,7 @@ def test_cancel_lets_the_requests_in_the_engine_finish_and_bills_them(
         tmp_path,
         engine_args=["--latency-seconds=4", "--max-num-seqs=2"],
         executor={"terminationGraceSeconds": 6},
+        billing={"mode": billing, "gpuHourPrice": "36"},
     )
     namespace, client = tenants(credit="100")
     batch = create(client, jsonl(model, 20))
@@ -347,8 +350,16 @@ def test_cancel_lets_the_requests_in_the_engine_finish_and_bills_them(
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
     assert final["requestCounts"] == {"total": 20, "completed": 8, "failed": 12}
     assert time.monotonic() - asked < 60
-    assert Decimal(final["cost"]) == _tokens_cost(outputs)  # the finished ones are billed
-    assert Decimal(account(cluster, namespace)["status"]["charged"]) == _tokens_cost(outputs)
+    charged = Decimal(account(cluster, namespace)["status"]["charged"])
+    assert Decimal(final["cost"]) == charged
+    if billing == "Tokens":  # the finished ones are billed, each once
+        assert charged == _tokens_cost(outputs)
+        return
+    # GPU time: 8 committed requests, each a quarter of the engine for 4 s (8 s); the work of
+    # the cut-off ones before, had they been cut, was not (before: the run's whole share)
+    gpu_seconds = final["billing"]["gpuSeconds"]
+    assert 8 <= gpu_seconds <= 10, final["shards"]
+    assert charged == Decimal(gpu_seconds) * 36 / 3600
 
 
 def test_429_for_a_full_pool_queue_and_for_the_tenant_token_quota(
