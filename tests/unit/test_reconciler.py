@@ -17,6 +17,12 @@ import pytest
 
 from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import ShardReport, SlotHeartbeat
+from llmbatch.controller.batches.finalize import (
+    CANCEL_RECHECK_SECONDS,
+    FLUSH_RECHECK_SECONDS,
+    recheck_seconds,
+)
+from llmbatch.controller.batches.step import BatchView
 from llmbatch.core import keys
 from llmbatch.storage.shardresults import ResultLine, ShardResults, list_chunks
 from llmbatch.storage.slotchannel import SlotChannel
@@ -309,3 +315,20 @@ def test_a_batch_whose_shards_all_ended_completes_in_one_step(h: ReconcilerHarne
     assert before == "in_progress"
     assert h.status(BATCH)["status"] == "completed"
     assert h.reasons()[-2:] == ["ShardsFinished", "Completed"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "since", "expected"),
+    [
+        ("cancelling", 5, FLUSH_RECHECK_SECONDS),  # the first 30 s: every second
+        ("cancelling", 40, CANCEL_RECHECK_SECONDS),  # a long cancel drain: every 5 s
+        ("finalizing", 40, FLUSH_RECHECK_SECONDS),  # other take-backs drain seconds at most
+    ],
+)
+def test_a_long_cancel_drain_is_looked_at_less_often(
+    phase: str, since: int, expected: float
+) -> None:
+    body = make_batch(BATCH)
+    body["metadata"]["uid"] = "u1"
+    body["status"] = {"status": phase, "cancellingAt": 1000, "finalizingAt": 1000}
+    assert recheck_seconds(BatchView.parse(body), 1000 + since) == expected

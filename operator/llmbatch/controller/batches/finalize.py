@@ -122,7 +122,7 @@ class Finalization(PhaseDeps):
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         if not await self._stop_shards(batch):
-            step.again(now + _recheck_seconds(batch, now))  # slots still flushing its shards
+            step.again(now + recheck_seconds(batch, now))  # slots still flushing its shards
             return
         pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
         merged = await self._merge(batch)
@@ -263,7 +263,7 @@ class Finalization(PhaseDeps):
         transition(step, batch, final, now, final.capitalize(), f"{counts} of {total}")
 
 
-def _recheck_seconds(batch: BatchView, now: float) -> float:
+def recheck_seconds(batch: BatchView, now: float) -> float:
     """How soon a stopping batch looks at its slots again."""
     since = batch.status.cancelling_at
     cancelling = batch.status.status == Phase.CANCELLING and since is not None
