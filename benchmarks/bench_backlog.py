@@ -398,6 +398,9 @@ def setup(kc: pathlib.Path, tenants: int, repo: pathlib.Path) -> None:
                     "engineArgs": ["--latency-seconds=0.01", "--hang-after=0"],
                     "flushSeconds": 1,
                     "terminationGraceSeconds": 6,  # a cancelled sample frees its seat in 1 s
+                    # ...not after waiting for its hung request (a cancel lets requests in the
+                    # engine finish for cancelDrainSeconds, 600 s by default)
+                    "cancelDrainSeconds": 0,
                     # the slots run the executor of the tree under test (its messages)
                     "env": [{"name": "PYTHONPATH", "value": str(repo / "operator")}],
                 },

@@ -21,7 +21,10 @@ import pytest
 
 from llmbatch.core.billing import estimate_input_tokens
 from llmbatch.core.ids import batch_object_name
+from llmbatch.core.keys import shard_prefix
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
+from llmbatch.storage import FilesystemStore
+from llmbatch.storage.shardresults import read_progress
 from tests.fixtures.gateway import GatewayProcess, gateway_on_operator_store, wait_for_key
 from tests.fixtures.operator import ClusterCLI, OperatorProcess, simulated_pool
 from tests.integration.test_operator import (
@@ -112,6 +115,8 @@ def make_pool(
     engine_args: list[str],
     limits: dict[str, Any] | None = None,
     shard_requests: int = 50,
+    executor: dict[str, Any] | None = None,
+    **spec: Any,
 ) -> tuple[str, str]:
     """A one-slot simulated pool for a model of its own: ``(pool name, model)``.
 
@@ -134,7 +139,8 @@ def make_pool(
                 "pricing": {"inputPerMillion": "1000", "outputPerMillion": "2000"},
             }
         },
-        executor={"engineArgs": engine_args, "flushLines": 1},
+        executor={"engineArgs": engine_args, "flushLines": 1, **(executor or {})},
+        **spec,
     )
     apply(cluster, tmp_path, pool)
     return name, model
@@ -252,7 +258,10 @@ def test_cancelled_batch_charges_only_its_completed_requests(
     outputs = read_lines(operator_process, namespace, final["outputFileID"])
     errors = read_lines(operator_process, namespace, final["errorFileID"])
     assert 3 <= len(outputs) < 30
-    assert any(e["response"] and e["response"]["status_code"] == 500 for e in errors)
+    (failed,) = [e for e in errors if e["response"]]
+    assert failed["response"]["status_code"] == 500
+    # a 500 is retried (the pool's default: 3 attempts); the line says so
+    assert "failed after 3 attempts" in failed["response"]["body"]["error"]["message"]
     input_tokens = sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in outputs)
     output_tokens = sum(o["response"]["body"]["usage"]["completion_tokens"] for o in outputs)
     cost = (Decimal(input_tokens) * 1000 + Decimal(output_tokens) * 2000) / 1_000_000
@@ -267,6 +276,90 @@ def test_cancelled_batch_charges_only_its_completed_requests(
     # the SDK sees the same batch (after the gateway's 1 s read cache); the charge is counted
     wait_for(lambda: client.batches.retrieve(batch.id).status == "cancelled", 10, "SDK view")
     assert "llmbatch_credits_charged_total" in operator_process.metrics()
+
+
+def _tokens_cost(outputs: list[dict[str, Any]]) -> Decimal:
+    """What the output lines cost on a pool of ``make_pool`` (each line once)."""
+    input_tokens = sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in outputs)
+    output_tokens = sum(o["response"]["body"]["usage"]["completion_tokens"] for o in outputs)
+    return (Decimal(input_tokens) * 1000 + Decimal(output_tokens) * 2000) / 1_000_000
+
+
+def test_transient_engine_errors_are_retried_and_billed_once(
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    tenants: Callable[..., Tenant],
+    tmp_path: pathlib.Path,
+) -> None:
+    # seed 002: "Failed requests are retried. You are billed once per completed request."
+    # Two requests get a 503 from the engine twice, then an answer (a flaky, overloaded engine)
+    flaky = ["--latency-seconds=0.05", "--fail-pattern=^req-[12]$", "--fail-status=503"]
+    _, model = make_pool(
+        cluster,
+        tmp_path,
+        engine_args=[*flaky, "--fail-attempts=2"],
+        retries={"maxAttempts": 3, "backoffMilliseconds": 200},
+    )
+    namespace, client = tenants(credit="100")
+    batch = create(client, jsonl(model, 6))
+    name = batch_object_name(batch.id)
+    final = wait_status(cluster, operator_process, namespace, name, {"completed"})["status"]
+    assert final["requestCounts"] == {"total": 6, "completed": 6, "failed": 0}
+    assert not final.get("errorFileID")
+    outputs = read_lines(operator_process, namespace, final["outputFileID"])
+    assert sorted(o["custom_id"] for o in outputs) == [f"req-{i}" for i in range(6)]
+    assert Decimal(final["cost"]) == _tokens_cost(outputs)
+    assert Decimal(account(cluster, namespace)["status"]["charged"]) == _tokens_cost(outputs)
+
+
+@pytest.mark.parametrize("billing", ["Tokens", "GPUTime"])
+def test_cancel_lets_the_requests_in_the_engine_finish_and_bills_them(
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    tenants: Callable[..., Tenant],
+    tmp_path: pathlib.Path,
+    billing: str,
+) -> None:
+    # seed 002: "Cancel requested. Running requests finish." Requests take 4 s, four at a time
+    # (2 x max_num_seqs in flight); any other take-back drains 1 s (terminationGraceSeconds 6),
+    # which cut these four to batch_cancelled before
+    _, model = make_pool(
+        cluster,
+        tmp_path,
+        engine_args=["--latency-seconds=4", "--max-num-seqs=2"],
+        executor={"terminationGraceSeconds": 6},
+        billing={"mode": billing, "gpuHourPrice": "36"},
+    )
+    namespace, client = tenants(credit="100")
+    batch = create(client, jsonl(model, 20))
+    name = batch_object_name(batch.id)
+    store = FilesystemStore(operator_process.store_root)
+    prefix = shard_prefix(namespace, get_batch(cluster, namespace, name)["metadata"]["uid"], 0)
+    deadline = time.monotonic() + 120
+    while (progress := read_progress(store, prefix)) is None or progress.completed < 4:
+        assert time.monotonic() < deadline, operator_process.logs()[-3000:]
+        time.sleep(0.05)  # cancel at once: the next four have just entered the engine
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    asked = time.monotonic()
+    final = wait_status(cluster, operator_process, namespace, name, {"cancelled"})["status"]
+    outputs = read_lines(operator_process, namespace, final["outputFileID"])
+    errors = read_lines(operator_process, namespace, final["errorFileID"])
+    # the first four, and the four that were in the engine when the cancel came; nothing more
+    assert len(outputs) == 8, (len(outputs), operator_process.logs()[-3000:])
+    assert len(errors) == 12
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert final["requestCounts"] == {"total": 20, "completed": 8, "failed": 12}
+    assert time.monotonic() - asked < 60
+    charged = Decimal(account(cluster, namespace)["status"]["charged"])
+    assert Decimal(final["cost"]) == charged
+    if billing == "Tokens":  # the finished ones are billed, each once
+        assert charged == _tokens_cost(outputs)
+        return
+    # GPU time: 8 committed requests, each a quarter of the engine for 4 s (8 s); the work of
+    # the cut-off ones before, had they been cut, was not (before: the run's whole share)
+    gpu_seconds = final["billing"]["gpuSeconds"]
+    assert 8 <= gpu_seconds <= 10, final["shards"]
+    assert charged == Decimal(gpu_seconds) * 36 / 3600
 
 
 def test_429_for_a_full_pool_queue_and_for_the_tenant_token_quota(

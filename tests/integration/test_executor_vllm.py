@@ -3,7 +3,8 @@
 Engine starts are the cost here (15 s import + 10-60 s start on 2 cores), so they are few:
 
 * one in-process SmolLM2 engine (module fixture) runs a chat, a completions and a responses shard
-  at once;
+  at once (with retries on: vLLM's own 4xx answers are final at once), then a cancelled shard whose
+  requests in the engine finish;
 * one executor subprocess is stopped with SIGTERM (exit 75), its retry is SIGKILLed mid-shard, and
   a third run finishes the shard: exactly one line per custom_id, no finished result lost;
 * one executor subprocess hits vLLM's CPU seed + chunked-prefill bug: the engine core dies and the
@@ -38,12 +39,13 @@ import pytest
 from llmbatch.api.openai import BatchOutputLine
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import batch_request_id, request_id
+from llmbatch.core.keys import shard_cancel_key
 from llmbatch.executor.engines import create_engine
 from llmbatch.executor.engines.base import EngineRequest
 from llmbatch.executor.engines.vllm import response_id
 from llmbatch.executor.exitcodes import ExitCode
 from llmbatch.executor.main import run_shards
-from llmbatch.executor.runner import Outcome
+from llmbatch.executor.runner import Outcome, ShardRunner
 from llmbatch.storage import FilesystemStore
 from llmbatch.storage.shardresults import list_chunks, read_progress
 
@@ -101,6 +103,7 @@ def _spec(root: Path, model: Path, key: str, endpoint: str, index: int, **extra:
             "engine": {"name": "vllm", "args": {"max_num_seqs": 8}},
             "flush_lines": 4,
             "flush_seconds": 1.0,
+            "retries": {"max_attempts": 3, "backoff_seconds": 0.01},
             **extra,
         }
     )
@@ -162,6 +165,21 @@ def smollm2_run(
         _spec(root, smollm2_path, "responses.jsonl", RESPONSES, 2),
     ]
 
+    _write(
+        root / "cancel.jsonl",
+        [_chat(f"k{i}", f"Tell a story {i}.", max_tokens=48) for i in range(12)],
+    )
+    cancelled = _spec(
+        root,
+        smollm2_path,
+        "cancel.jsonl",
+        CHAT,
+        3,
+        max_in_flight=4,
+        drain_seconds=0.05,
+        cancel_drain_seconds=300,
+    )
+
     async def go() -> Outcome:
         engine = create_engine(specs[0].engine, specs[0].model, specs[0].served_names())
         await engine.start()
@@ -171,11 +189,28 @@ def smollm2_run(
             outcome, _ = await run_shards(
                 specs, engine, [(store, store)] * len(specs), handle_signals=False
             )
+            await _cancel_mid_run(cancelled, engine, store, root / "cancel-run.json")
         finally:
             await engine.close()
         return outcome
 
     return root, asyncio.run(go())
+
+
+async def _cancel_mid_run(spec: ShardSpec, engine: Any, store: FilesystemStore, out: Path) -> None:
+    """Take a cancelled batch's shard back while four requests are in the engine (its cancel
+    mark written first, as the operator does); record what the run had in flight then."""
+    store.put(shard_cancel_key(spec.output_prefix), b"{}")
+    runner = ShardRunner(spec, engine, store)
+    task = asyncio.create_task(runner.run())
+    while runner.stats.in_flight < 4 and not task.done():
+        await asyncio.sleep(0.01)
+    in_flight, done_before = runner.stats.in_flight, runner.stats.completed
+    runner.request_stop(taken_back=True)
+    outcome = await task
+    out.write_text(
+        json.dumps({"in_flight": in_flight, "done_before": done_before, "outcome": outcome.value})
+    )
 
 
 def _record_engine_core(engine: Any, path: Path) -> None:
@@ -243,6 +278,25 @@ def test_engine_rejections_are_error_lines(smollm2_run: tuple[Path, Outcome]) ->
         assert body["type"] == "invalid_request_error"
     assert errors["toolong"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
     assert errors["wrongmodel"]["response"]["status_code"] == 404
+    # the caller's own errors, as vLLM answers them, are final at once: no attempt note
+    assert all("attempt" not in e["response"]["body"]["error"]["message"] for e in errors.values())
+
+
+def test_a_cancelled_shards_requests_in_the_engine_finish(
+    smollm2_run: tuple[Path, Outcome],
+) -> None:
+    # taken back with four requests of 48 tokens in the engine and a take-back drain of 0.05 s:
+    # the cancel mark lets them finish; nothing new was started
+    root, _ = smollm2_run
+    run = json.loads((root / "cancel-run.json").read_text())
+    assert run == {"in_flight": 4, "done_before": 0, "outcome": "preempted"}
+    lines = _lines(root, "uid-it/shards/00003", "output")
+    assert len(lines) == 4
+    for line in lines:
+        parsed = BatchOutputLine.model_validate(line)
+        assert parsed.response is not None
+        openai.types.chat.ChatCompletion.model_validate(parsed.response.body)
+    assert _lines(root, "uid-it/shards/00003", "errors") == []
 
 
 def test_completions_parse_with_the_sdk(smollm2_run: tuple[Path, Outcome]) -> None:

@@ -46,3 +46,19 @@ def test_nothing_accrues_without_a_request_in_the_engine() -> None:
     assert ledger.busy_seconds() == 0
     assert ledger.share("a") == 0
     assert ledger.in_engine() == 0
+
+
+def test_each_request_gets_its_own_share_and_they_add_up_to_its_shards() -> None:
+    clock = Clock()
+    ledger = BusyLedger(clock)
+    first = ledger.enter("a")
+    clock.now += 10  # alone: 10 s
+    second = ledger.enter("a")
+    third = ledger.enter("b")
+    clock.now += 6  # three inside: 2 s each
+    shares = [ledger.leave("a", first)]
+    clock.now += 4  # two inside: 2 s each
+    shares += [ledger.leave("a", second), ledger.leave("b", third)]
+    assert shares == pytest.approx([12.0, 4.0, 4.0])
+    assert shares[0] + shares[1] == pytest.approx(ledger.share("a"))
+    assert sum(shares) == pytest.approx(ledger.busy_seconds())

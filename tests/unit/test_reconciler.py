@@ -17,6 +17,12 @@ import pytest
 
 from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import ShardReport, SlotHeartbeat
+from llmbatch.controller.batches.finalize import (
+    CANCEL_RECHECK_SECONDS,
+    FLUSH_RECHECK_SECONDS,
+    recheck_seconds,
+)
+from llmbatch.controller.batches.step import BatchView
 from llmbatch.core import keys
 from llmbatch.storage.shardresults import ResultLine, ShardResults, list_chunks
 from llmbatch.storage.slotchannel import SlotChannel
@@ -85,13 +91,27 @@ def test_cancel_mid_run_keeps_finished_results(h: ReconcilerHarness) -> None:
     assert custom_ids(h.file_lines(status["outputFileID"]) + errors) == Counter(
         f"req-{i}" for i in range(5)
     )
+    # the shards still held by a slot got the cancel mark before their take-back (their
+    # requests in the engine may finish); the one that had ended did not
+    assert _cancel_marks(h) == [False, True, True]
+
+
+def _cancel_marks(h: ReconcilerHarness) -> list[bool]:
+    batch = h.batch(BATCH)
+    ns, uid = batch["metadata"]["namespace"], batch["metadata"]["uid"]
+    return [
+        h.store.head(keys.shard_cancel_key(keys.shard_prefix(ns, uid, shard["index"]))) is not None
+        for shard in h.status(BATCH)["shards"]
+    ]
 
 
 def test_expiry_writes_batch_expired_lines(h: ReconcilerHarness) -> None:
     submit(h, requests=3)
     h.step_until(BATCH, "in_progress")
+    h.pool_round()  # granted: an expiry's take-back drains as any other, no cancel mark
     h.now = h.status(BATCH)["expiresAt"] + 1
     status = h.step_until(BATCH, "expired")
+    assert not any(_cancel_marks(h))
     assert status["requestCounts"] == {"total": 3, "completed": 0, "failed": 3}
     errors = h.file_lines(status["errorFileID"])
     assert [e["error"]["code"] for e in errors] == ["batch_expired"] * 3
@@ -295,3 +315,20 @@ def test_a_batch_whose_shards_all_ended_completes_in_one_step(h: ReconcilerHarne
     assert before == "in_progress"
     assert h.status(BATCH)["status"] == "completed"
     assert h.reasons()[-2:] == ["ShardsFinished", "Completed"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "since", "expected"),
+    [
+        ("cancelling", 5, FLUSH_RECHECK_SECONDS),  # the first 30 s: every second
+        ("cancelling", 40, CANCEL_RECHECK_SECONDS),  # a long cancel drain: every 5 s
+        ("finalizing", 40, FLUSH_RECHECK_SECONDS),  # other take-backs drain seconds at most
+    ],
+)
+def test_a_long_cancel_drain_is_looked_at_less_often(
+    phase: str, since: int, expected: float
+) -> None:
+    body = make_batch(BATCH)
+    body["metadata"]["uid"] = "u1"
+    body["status"] = {"status": phase, "cancellingAt": 1000, "finalizingAt": 1000}
+    assert recheck_seconds(BatchView.parse(body), 1000 + since) == expected

@@ -52,6 +52,26 @@ class EngineSpec(BaseModel):
     )
 
 
+class RequestRetries(BaseModel):
+    """How the executor retries a request the engine answered with a transient error
+    (``llmbatch.core.retries``: 5xx, 408, 429; never the caller's own 4xx)."""
+
+    model_config = CHANNEL_MODEL_CONFIG
+
+    max_attempts: int = Field(
+        default=1,
+        ge=1,
+        le=20,
+        description="Attempts of one request in all; 1 (an older operator's spec): no retry.",
+    )
+    backoff_seconds: float = Field(
+        default=1.0, ge=0, le=600, description="Wait before the first retry; doubles after."
+    )
+    max_backoff_seconds: float = Field(
+        default=30.0, ge=0, le=3600, description="The longest wait between two attempts."
+    )
+
+
 class ShardSpec(BaseModel):
     """One shard of one batch: a byte range of the input file and where its results go."""
 
@@ -105,6 +125,17 @@ class ShardSpec(BaseModel):
     )
     drain_seconds: float = Field(
         default=10.0, ge=0, description="On SIGTERM, wait this long for in-flight requests."
+    )
+    cancel_drain_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="When the batch is cancelled (a cancel mark beside the shard's results), "
+        "requests already in the engine get this long to finish; their results are committed. "
+        "None (an older operator's spec): drain_seconds, as for any take-back.",
+    )
+    retries: RequestRetries = Field(
+        default_factory=RequestRetries,
+        description="Per-request retries of transient engine errors.",
     )
     store_retry_seconds: float = Field(
         default=60.0,

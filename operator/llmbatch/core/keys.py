@@ -84,6 +84,12 @@ def shard_lease_key(shard_output_prefix: str) -> str:
     return f"{shard_output_prefix}/lease.json"
 
 
+def shard_cancel_key(shard_output_prefix: str) -> str:
+    """The cancel mark beside a shard's results: written by the operator before it takes a
+    cancelled batch's shard back, so the slot lets the requests in the engine finish."""
+    return f"{shard_output_prefix}/cancel.json"
+
+
 def pool_slots_prefix(pool: str) -> str:
     """Every slot channel of one pool."""
     return f"slots/{pool}/"

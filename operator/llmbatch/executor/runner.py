@@ -1,19 +1,30 @@
-"""Run one shard: stream its byte range, feed the engine with bounded in-flight work, commit
-results as chunks, stop cleanly on request, notice a dead or hung engine."""
+"""Run one shard: stream its byte range, feed the engine with bounded in-flight work, retry
+transient engine errors per request, commit results as chunks, stop cleanly on request (a
+cancelled batch's requests in the engine finish first), notice a dead or hung engine."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import logging
+import random
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from llmbatch.api.shard import ShardSpec
+from llmbatch.core import keys
 from llmbatch.core.ids import batch_request_id, request_id
+from llmbatch.core.retries import (
+    RetryPolicy,
+    error_code,
+    is_transient,
+    retry_after,
+    with_attempts,
+)
 from llmbatch.executor.engines.base import (
     Engine,
     EngineDead,
@@ -38,6 +49,9 @@ T = TypeVar("T")
 #: A request that was in the engine at this many of its crashes (the last time alone) is not
 #: sent again: it becomes an error line, and the rest of its shard runs.
 CRASHES_TO_GIVE_UP = 2
+#: A cancel's long drain checks this often that its cancel mark is still there: a Batch deleted
+#: meanwhile takes its work area with it, and its requests are not worth finishing.
+CANCEL_MARK_RECHECK_SECONDS = 5.0
 
 
 class Outcome(enum.Enum):
@@ -109,6 +123,8 @@ class ShardRunner:
         self.stats = ShardStats()
         self.message: str | None = None
         self._stopping = False
+        self._hard_stop_until: float | None = None
+        """Set by a stop that is not a take-back (SIGTERM): the drain ends by then whatever."""
         self._engine_failure: str | None = None
         self._store_failure: str | None = None
         self._crash: BaseException | None = None
@@ -120,14 +136,26 @@ class ShardRunner:
         self._commit_lock: asyncio.Lock | None = None
         self._last_result = time.monotonic()
         self._last_commit = time.monotonic()
+        retries = spec.retries
+        self.retry_policy = RetryPolicy(
+            retries.max_attempts, retries.backoff_seconds, retries.max_backoff_seconds
+        )
+        self.rand: Callable[[], float] = random.random
+        """The jitter of retry backoffs (a test fixes it)."""
 
     # --- control ---------------------------------------------------------------------------------
 
-    def request_stop(self) -> None:
-        """Stop taking work (SIGTERM). Safe to call from a signal handler in the loop thread."""
+    def request_stop(self, *, taken_back: bool = False) -> None:
+        """Stop taking work; what is in the engine may finish. A take-back (the slot saw the
+        assignment go) drains for ``drain_seconds`` — for ``cancel_drain_seconds`` when the
+        batch was cancelled; any other stop (SIGTERM) for ``drain_seconds`` from now at most.
+        Safe to call from a signal handler in the loop thread."""
         if not self._stopping:
             log.warning("shard %s: stop requested, draining", self.spec.shard_index)
         self._stopping = True
+        if not taken_back:
+            until = time.monotonic() + self.spec.drain_seconds
+            self._hard_stop_until = min(until, self._hard_stop_until or until)
         self._wake()
 
     def _fail_engine(self, reason: str) -> None:
@@ -353,6 +381,8 @@ class ShardRunner:
 
     async def _drain(self) -> None:
         """Wait for in-flight requests: all of them normally, a grace period when stopping."""
+        until: float | None = None
+        recheck = float("inf")  # when a cancel drain looks at its cancel mark again
         while self._tasks:
             if (
                 self._engine_failure is not None
@@ -360,9 +390,24 @@ class ShardRunner:
                 or self._lease_lost is not None
             ):
                 break
-            timeout = self.spec.drain_seconds if self._stopping else 1.0
+            timeout = 1.0
+            if self._stopping:
+                now = time.monotonic()
+                if until is None:
+                    bound = await self._drain_bound()
+                    until = now + bound
+                    if bound > self.spec.drain_seconds:
+                        recheck = now + CANCEL_MARK_RECHECK_SECONDS
+                elif now >= recheck:
+                    recheck = now + CANCEL_MARK_RECHECK_SECONDS
+                    if not await self._cancel_marked():  # the batch was deleted meanwhile
+                        until, recheck = min(until, now + self.spec.drain_seconds), float("inf")
+                if self._hard_stop_until is not None:
+                    until = min(until, self._hard_stop_until)
+                # short waits: a SIGTERM during a long cancel drain shortens it at once
+                timeout = max(0.0, min(0.1, until - time.monotonic()))
             _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
-            if pending and self._stopping:
+            if pending and until is not None and time.monotonic() >= until:
                 log.warning("shard %s: abandoning %d requests", self.spec.shard_index, len(pending))
                 break
         for task in list(self._tasks):
@@ -370,38 +415,101 @@ class ShardRunner:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    async def _drain_bound(self) -> float:
+        """How long a taken-back run lets its requests in the engine finish: the cancel bound
+        when the operator marked the batch cancelled (read once, when the drain starts)."""
+        cancel = self.spec.cancel_drain_seconds
+        if cancel is None or self._hard_stop_until is not None:
+            return self.spec.drain_seconds
+        if not await self._cancel_marked():
+            return self.spec.drain_seconds
+        log.info(
+            "shard %s: batch cancelled; %d requests in flight may finish (up to %.0f s)",
+            self.spec.shard_index,
+            self.stats.in_flight,
+            cancel,
+        )
+        return cancel
+
+    async def _cancel_marked(self) -> bool:
+        """Whether the operator's cancel mark is beside the shard's results (an unreadable
+        store reads as no: the short drain)."""
+        mark = keys.shard_cancel_key(self.spec.output_prefix)
+        try:
+            return await asyncio.to_thread(self.store.head, mark) is not None
+        except StoreError as exc:
+            log.warning("shard %s: cancel mark unreadable: %s", self.spec.shard_index, exc)
+            return False
+
     # --- one request -----------------------------------------------------------------------------
 
     async def _run_one(self, request: EngineRequest) -> None:
+        """Answer one request, retrying transient engine errors (``core.retries``). A request
+        whose next attempt a stop cuts off records nothing: it runs again when its shard
+        resumes, or becomes a ``batch_cancelled`` line."""
         self._in_flight.add(request.custom_id)
         try:
-            try:
-                result = await self.engine.handle(request)
-            except EngineDead as exc:
-                self._fail_engine(str(exc) or "engine dead")
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # an engine bug for one request: a 500 line, not a crash
-                log.exception("request %s raised", request.custom_id)
-                dead = self.engine.dead_reason()
-                if dead is not None:
-                    self._fail_engine(dead)
-                    return
-                result = EngineResult(
-                    500, error_body(f"{type(exc).__name__}: {exc}", status_code=500)
+            attempt = 1
+            while True:
+                result = await self._attempt(request)
+                if result is None:
+                    return  # the engine failed: the run ends, the request runs again
+                self._last_result = time.monotonic()
+                code = error_code(result.body)
+                delay = retry_after(self.retry_policy, attempt, result.status_code, code, self.rand)
+                if delay is None:
+                    break
+                log.info(
+                    "request %s: attempt %d answered %d; again in %.2f s",
+                    request.custom_id,
+                    attempt,
+                    result.status_code,
+                    delay,
                 )
-            if result.status_code >= 500:
-                dead = self.engine.dead_reason()
-                if dead is not None:  # not a real answer: the request never ran
-                    self._fail_engine(dead)
+                self._in_flight.discard(request.custom_id)  # not in the engine while it waits
+                if not await self._pause(delay):
                     return
-            self._last_result = time.monotonic()
+                self._in_flight.add(request.custom_id)
+                attempt += 1
+            if not result.ok and is_transient(result.status_code, code):
+                noted = with_attempts(result.body, attempt)
+                result = dataclasses.replace(result, body=noted)
             self._record(self._line(request.custom_id, result))
         finally:
             self._in_flight.discard(request.custom_id)
             self.stats.in_flight -= 1
             self._wake()
+
+    async def _attempt(self, request: EngineRequest) -> EngineResult | None:
+        """One attempt's answer, or None when the engine failed (the run is halted)."""
+        try:
+            result = await self.engine.handle(request)
+        except EngineDead as exc:
+            self._fail_engine(str(exc) or "engine dead")
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an engine bug for one request: a 500 answer, not a crash
+            log.exception("request %s raised", request.custom_id)
+            dead = self.engine.dead_reason()
+            if dead is not None:
+                self._fail_engine(dead)
+                return None
+            return EngineResult(500, error_body(f"{type(exc).__name__}: {exc}", status_code=500))
+        if result.status_code >= 500:
+            dead = self.engine.dead_reason()
+            if dead is not None:  # not a real answer: the request never ran
+                self._fail_engine(dead)
+                return None
+        return result
+
+    async def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` before a retry; False when the run halted meanwhile."""
+        assert self._cond is not None
+        async with self._cond:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cond.wait_for(lambda: self._halted), seconds)
+        return not self._halted
 
     def _line(self, custom_id: str, result: EngineResult) -> ResultLine:
         uid = self.spec.batch_uid
@@ -411,6 +519,7 @@ class ShardRunner:
             status_code=result.status_code,
             request_id=request_id(uid, custom_id),
             body=result.body,
+            busy_seconds=result.busy_seconds,
         )
 
     def _record(self, line: ResultLine) -> None:

@@ -2,15 +2,17 @@
 
 Several shards — often several tenants' — run on one engine at once. Each sees it through a
 :class:`SharedEngine`: its requests are timed in the slot's :class:`BusyLedger` (GPU-time
-billing), counted as inside while the engine has them (what an engine crash is laid at), and
-pass the slot's :class:`EngineGate`, which lets a request that was inside at an earlier crash
-in only when nothing else is, so a second crash is laid at its door alone.
+billing: each answer carries its own share), counted as inside while the engine has them (what
+an engine crash is laid at), and pass the slot's :class:`EngineGate`, which lets a request that
+was inside at an earlier crash in only when nothing else is, so a second crash is laid at its
+door alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -18,16 +20,21 @@ from llmbatch.executor.engines.base import Engine, EngineDead, EngineRequest, En
 
 
 class BusyLedger:
-    """The slot's busy time and each shard's share of it.
+    """The slot's busy time, each shard's share of it, and each request's.
 
     Busy means at least one request is in the engine. While ``n`` requests are in it, each
-    accrues ``1/n`` of the time to its shard, so the shares add up to the busy time exactly:
-    GPU-time billing charges a batch its shards' shares, never a warm slot's idle time.
+    accrues ``1/n`` of the time, so the shares add up to the busy time exactly: GPU-time
+    billing charges a batch the shares of its requests whose results were committed, never a
+    warm slot's idle time. A request's share is the growth, while it was inside, of one
+    running sum of ``elapsed / n`` (O(1) per request, whatever is in the engine); a shard's
+    is kept per key for the heartbeat.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.busy = 0.0
+        self.per_request = 0.0
+        """The time one request inside the engine all along would have accrued so far."""
         self._in_engine: dict[str, int] = {}
         self._shares: dict[str, float] = {}
         self._last = clock()
@@ -38,18 +45,24 @@ class BusyLedger:
         total = sum(self._in_engine.values())
         if total:
             self.busy += elapsed
+            self.per_request += elapsed / total
             for key, count in self._in_engine.items():
                 self._shares[key] = self._shares.get(key, 0.0) + elapsed * count / total
 
-    def enter(self, key: str) -> None:
+    def enter(self, key: str) -> float:
+        """A request of ``key`` entered; the token to give :meth:`leave`."""
         self._settle()
         self._in_engine[key] = self._in_engine.get(key, 0) + 1
+        return self.per_request
 
-    def leave(self, key: str) -> None:
+    def leave(self, key: str, token: float | None = None) -> float:
+        """A request of ``key`` left; its share of the busy time (given its :meth:`enter`
+        token)."""
         self._settle()
         self._in_engine[key] -= 1
         if not self._in_engine[key]:
             del self._in_engine[key]
+        return 0.0 if token is None else self.per_request - token
 
     def share(self, key: str) -> float:
         self._settle()
@@ -149,7 +162,8 @@ class SharedEngine(Engine):
             dead = self.inner.dead_reason()
             if dead is not None:  # it died while this one waited: it was never inside
                 raise EngineDead(dead)
-            self.ledger.enter(self.key)
+            token = self.ledger.enter(self.key)
+            share = 0.0
             self._inside.add(request.custom_id)
             try:
                 result = await self.inner.handle(request)
@@ -158,9 +172,9 @@ class SharedEngine(Engine):
                     self._inside.discard(request.custom_id)
                 raise  # in the engine when it died: still counted inside (a suspect)
             finally:
-                self.ledger.leave(self.key)
+                share = self.ledger.leave(self.key, token)
             self._inside.discard(request.custom_id)
-            return result
+            return dataclasses.replace(result, busy_seconds=share)
 
     def inside(self) -> set[str]:
         """The custom_ids of this run in the engine now (not those waiting at the gate), and

@@ -264,7 +264,7 @@ class Slot:
             if not run.revoked and (now is None or now.generation != run.assignment.generation):
                 log.info("slot %s: shard %s taken back", self.settings.name, key)
                 run.revoked = True
-                run.runner.request_stop()
+                run.runner.request_stop(taken_back=True)
 
     def _start(self, assigned: dict[str, Assignment]) -> None:
         if self._stopping or self._draining or self._engine_failed():
@@ -314,7 +314,6 @@ class Slot:
             generation=assignment.generation,
             in_engine=engine.inside,
         )
-        runner.results.busy_share = lambda: self.ledger.share(ledger_key)
         self.runners.append(runner)
         if self.on_runner is not None:
             self.on_runner(runner)

@@ -29,7 +29,6 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -90,6 +89,9 @@ class ChunkRecord(BaseModel):
     total_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    busy_seconds: float = 0.0
+    """The busy-time shares of the requests answered in this chunk (their final attempts):
+    known to the run that wrote the chunk, carried by the progress record after it."""
 
     def count(self, usage: TokenUsage) -> None:
         """Add one success's usage."""
@@ -126,8 +128,11 @@ class Progress(BaseModel):
     attempts: int = Field(default=1, description="Executor runs that worked on this shard.")
     busy_seconds: float = Field(
         default=0.0,
-        description="The shard's share of its slots' busy time, over all its runs: while n "
-        "requests are in an engine each accrues 1/n of the time (GPU-time billing).",
+        description="The busy-time shares of the requests whose results are committed (the "
+        "sum over its chunks): while n requests are in an engine each accrues 1/n of the time. "
+        "Work whose result was never committed — cut off by a crash, a lost lease, the end of "
+        "a drain — and failed attempts that were retried are not in it, so re-run work is "
+        "charged once (GPU-time billing).",
     )
     generation: int = Field(
         default=0,
@@ -145,6 +150,8 @@ class ResultLine:
     ok: bool
     usage: TokenUsage = field(default_factory=TokenUsage)
     """What the success reports (``core.billing.token_usage``); zeros for an error line."""
+    busy_seconds: float = 0.0
+    """The request's share of its slot's busy time (the attempt that gave this answer)."""
 
     @property
     def input_tokens(self) -> int:
@@ -166,6 +173,7 @@ def result_line(
     status_code: int,
     request_id: str,
     body: dict[str, Any],
+    busy_seconds: float = 0.0,
 ) -> ResultLine:
     """The contract's output line ``{"id","custom_id","response":{...},"error":null}``."""
     data = orjson.dumps(
@@ -177,7 +185,8 @@ def result_line(
         }
     )
     ok = 200 <= status_code < 300
-    return ResultLine(custom_id, data + b"\n", ok, token_usage(body) if ok else TokenUsage())
+    usage = token_usage(body) if ok else TokenUsage()
+    return ResultLine(custom_id, data + b"\n", ok, usage, busy_seconds)
 
 
 @dataclass
@@ -236,9 +245,8 @@ class ShardResults:
         self._pending: dict[ChunkKind, _Pending] = {"output": _Pending(), "errors": _Pending()}
         self._writer: str | None = None
         self._writer_known = False
-        #: This run's share of its slot's busy time so far (set by the runner on a slot).
-        self.busy_share: Callable[[], float] | None = None
-        self._busy_before = 0.0
+        #: Busy shares of chunks committed before this run, by key (the previous record's).
+        self._busy_of: dict[str, float] = {}
 
     @property
     def writer(self) -> str | None:
@@ -269,7 +277,7 @@ class ShardResults:
         now = time.time()
         self.progress.started_at = previous.started_at if previous else now
         self.progress.attempts = previous.attempts + 1 if previous else 1
-        self._busy_before = previous.busy_seconds if previous else 0.0
+        self._busy_of = {c.key: c.busy_seconds for c in previous.chunks} if previous else {}
         self.suspects = self._read_suspects()
         self._scan()
 
@@ -317,6 +325,7 @@ class ShardResults:
                 continue
             kind, seq = parsed
             record = ChunkRecord(key=info.key, kind=kind, seq=seq, lines=0, bytes=info.size)
+            record.busy_seconds = self._busy_of.get(info.key, 0.0)
             for raw in self.store.get(info.key).splitlines():
                 if not raw.strip():
                     continue
@@ -343,6 +352,7 @@ class ShardResults:
         p.total_tokens = sum(r.total_tokens for r in records)
         p.cached_tokens = sum(r.cached_tokens for r in records)
         p.reasoning_tokens = sum(r.reasoning_tokens for r in records)
+        p.busy_seconds = round(sum(r.busy_seconds for r in records), 3)
 
     # --- adding and committing -----------------------------------------------------------------
 
@@ -418,6 +428,7 @@ class ShardResults:
         record = ChunkRecord(key=key, kind=kind, seq=seq, lines=len(lines), bytes=info.size)
         for line in lines:
             record.count(line.usage)
+            record.busy_seconds += line.busy_seconds
         self._known[key] = record
         self._next_seq[kind] = seq + 1
         return None
@@ -427,8 +438,6 @@ class ShardResults:
         never over a record written by a newer run (:class:`Fenced` then)."""
         for name, value in changes.items():
             setattr(self.progress, name, value)
-        if self.busy_share is not None:
-            self.progress.busy_seconds = round(self._busy_before + self.busy_share(), 3)
         self.progress.updated_at = time.time()
         key = f"{self.prefix}/{PROGRESS_NAME}"
         body = self.progress.model_dump_json().encode()

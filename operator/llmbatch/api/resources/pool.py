@@ -133,10 +133,28 @@ class ExecutorSpec(CRModel):
     requests) before it is given up; a shard under which two slots failed is given up too."""
     termination_grace_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
     """Time a slot pod gets to flush after SIGTERM."""
+    cancel_drain_seconds: Annotated[int, Field(ge=0, le=3600)] = 600
+    """When a batch is cancelled, its requests already in an engine get this long to finish
+    (their results go into the output file and are billed); nothing new starts. The batch is
+    cancelled once they are done or this has passed (OpenAI's cancelling lasts up to 10 min)."""
     service_account_name: DNSName | None = None
     """ServiceAccount of slot pods (no token is mounted)."""
     store_secret_name: DNSName | None = None
     """Secret in the worker namespace with object-store credentials."""
+
+
+class PoolRetries(CRModel):
+    """Per-request retries of transient engine errors (5xx, 408, 429; never the caller's own
+    4xx): exponential backoff with jitter, a bounded number of attempts."""
+
+    max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
+    """Attempts of one request in all, the first included; 1: never retried. A request that
+    still fails says how many attempts it had in its error line's message."""
+    backoff_milliseconds: Annotated[int, Field(ge=0, le=600000)] = 1000
+    """Wait before the first retry; it doubles with each further one (half of it drawn at
+    random, so requests that failed together do not come back together)..."""
+    max_backoff_milliseconds: Annotated[int, Field(ge=0, le=3600000)] = 30000
+    """...up to this."""
 
 
 class TierSettings(CRModel):
@@ -217,6 +235,8 @@ class BatchPoolSpec(CRModel):
     """Namespace the slot Jobs run in."""
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
     """How slot pods run."""
+    retries: PoolRetries = Field(default_factory=PoolRetries)
+    """Per-request retries of transient engine errors."""
     gpus_per_slot: Annotated[int, Field(ge=0, le=16)] = 1
     """nvidia.com/gpu requested by one slot (slot pod)."""
     node_selector: dict[Label, ShortText] | None = None

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
+from llmbatch.api.resources import PoolRetries
+from llmbatch.api.shard import EngineSpec, ModelRef, RequestRetries, ShardSpec
 from llmbatch.commands.localrun.inputfile import ValidatedInput, file_chunks
 from llmbatch.executor.models import ModelNotAvailable, resolve
 from llmbatch.storage import FilesystemStore
@@ -122,6 +123,7 @@ def shard_specs(
             engine=EngineSpec(name=engine.name, args=engine.args),  # type: ignore[arg-type]
             flush_lines=flush_lines,
             flush_seconds=5.0,
+            retries=RequestRetries(max_attempts=PoolRetries().max_attempts),
         )
         for shard in checked.result.shards
     ]

@@ -6,6 +6,7 @@ pool was deleted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -31,10 +32,16 @@ from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
+from llmbatch.storage.base import ObjectExists
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 
-#: While slots still flush a stopping batch's shards, it looks again this often.
+#: While slots still flush a stopping batch's shards, it looks again this often...
 FLUSH_RECHECK_SECONDS = 1.0
+#: ...and this often once a cancelled batch's requests have run that long (a cancel lets them
+#: finish for up to ``cancelDrainSeconds``; a shard that ends wakes the batch anyway, through
+#: the pool round, so this is only the safety net — not a slot listing a second for 10 min).
+CANCEL_RECHECK_AFTER_SECONDS = 30.0
+CANCEL_RECHECK_SECONDS = 5.0
 
 log = logging.getLogger("llmbatch.controller.batches")
 
@@ -85,9 +92,12 @@ class Finalization(PhaseDeps):
             selector = slot_selector(batch.status.pool)
             slots = {j["metadata"]["name"] for j in await self.kube.list_jobs(namespace, selector)}
         stopped = True
+        cancelling = batch.status.status == Phase.CANCELLING
         for shard, lease in leases:
             key = work_key(batch.uid, shard.index)
             channel = self._channel(batch, lease.slot)
+            if cancelling and lease.state == "granted":
+                await asyncio.to_thread(self._mark_cancelled, batch, shard)
             await asyncio.to_thread(channel.revoke, key)
             if lease.state == "done" or lease.slot not in slots:
                 continue
@@ -101,9 +111,18 @@ class Finalization(PhaseDeps):
                 await asyncio.to_thread(fence_lease, self.store, keys.shard_lease_key(prefix))
         return stopped
 
+    def _mark_cancelled(self, batch: BatchView, shard: ShardStatus) -> None:
+        """The cancel mark beside a shard's results, before its take-back: the slot then lets
+        the shard's requests in the engine finish (for the pool's ``cancelDrainSeconds``), where
+        any other take-back cuts them after the short drain (seed 002: "Cancel requested.
+        Running requests finish.")."""
+        prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+        with contextlib.suppress(ObjectExists):
+            self.store.put(keys.shard_cancel_key(prefix), b"{}", if_absent=True)
+
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         if not await self._stop_shards(batch):
-            step.again(now + FLUSH_RECHECK_SECONDS)  # slots still flushing the batch's shards
+            step.again(now + recheck_seconds(batch, now))  # slots still flushing its shards
             return
         pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
         merged = await self._merge(batch)
@@ -242,6 +261,15 @@ class Finalization(PhaseDeps):
         if batch.status.status != Phase.FINALIZING or not batch.status.finalizing_at:
             step.set(finalizing_at=int(now))
         transition(step, batch, final, now, final.capitalize(), f"{counts} of {total}")
+
+
+def recheck_seconds(batch: BatchView, now: float) -> float:
+    """How soon a stopping batch looks at its slots again."""
+    since = batch.status.cancelling_at
+    cancelling = batch.status.status == Phase.CANCELLING and since is not None
+    if cancelling and since is not None and now - since >= CANCEL_RECHECK_AFTER_SECONDS:
+        return CANCEL_RECHECK_SECONDS
+    return FLUSH_RECHECK_SECONDS
 
 
 def _derived(batch: BatchView, purpose: str) -> str:

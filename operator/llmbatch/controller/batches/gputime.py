@@ -1,10 +1,11 @@
 """The GPU time a batch used: its shards' shares of their slots' busy time.
 
 A slot is busy while at least one request is in its engine; while ``n`` requests are in it each
-accrues ``1/n`` of the time to its shard (``executor.sharedengine.BusyLedger``), and the
-shard's progress record keeps the sum over its runs. So a batch is charged neither queue time
-(seed 000: queue time has no GPU charge) nor a warm slot's idle time nor another batch's share
-of a shared engine.
+accrues ``1/n`` of the time (``executor.sharedengine.BusyLedger``); each answer carries its
+share, and the shard's progress record keeps the sum over its committed chunks, so work cut off
+and re-run (or a failed attempt that was retried) is charged once. So a batch is charged neither
+queue time (seed 000: queue time has no GPU charge) nor a warm slot's idle time nor another
+batch's share of a shared engine.
 """
 
 from __future__ import annotations

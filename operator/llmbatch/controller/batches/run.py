@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from llmbatch.api.resources import BatchPoolSpec, Phase, RequestCounts, ShardStatus, Usage
-from llmbatch.api.shard import EngineSpec, ModelRef, ShardSpec
+from llmbatch.api.shard import EngineSpec, ModelRef, RequestRetries, ShardSpec
 from llmbatch.api.slot import ShardLease
 from llmbatch.controller.batches.deps import PhaseDeps
 from llmbatch.controller.batches.step import BatchView, Step, set_condition, transition
@@ -124,6 +124,12 @@ class ShardRuns(PhaseDeps):
             flush_lines=pool.executor.flush_lines,
             flush_seconds=pool.executor.flush_seconds,
             drain_seconds=max(1, pool.executor.termination_grace_seconds - 5),
+            cancel_drain_seconds=pool.executor.cancel_drain_seconds,
+            retries=RequestRetries(
+                max_attempts=pool.retries.max_attempts,
+                backoff_seconds=pool.retries.backoff_milliseconds / 1000,
+                max_backoff_seconds=pool.retries.max_backoff_milliseconds / 1000,
+            ),
         )
 
     def _pool_gone(self, batch: BatchView, step: Step, now: float, pool: str) -> None:

@@ -36,6 +36,10 @@ class EngineResult:
 
     status_code: int
     body: dict[str, Any]
+    busy_seconds: float = 0.0
+    """This answer's share of its slot's busy time (set on a slot by ``SharedEngine``): while
+    n requests are in the engine each accrues 1/n of the time. GPU-time billing charges the
+    shares of committed results only (docs/billing.md)."""
 
     @property
     def ok(self) -> bool:

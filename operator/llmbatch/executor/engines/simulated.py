@@ -77,6 +77,12 @@ class SimulatedArgs(BaseModel):
     )
     fail_rate: float = Field(default=0.0, ge=0, le=1, description="Share of requests failing.")
     fail_status: int = Field(default=500, ge=400, le=599)
+    fail_attempts: int | None = Field(
+        default=None,
+        ge=1,
+        description="A failing request (fail_pattern, fail_rate) fails only this many times, "
+        "then answers (a transient fault: an overloaded or flaky engine); None: every time.",
+    )
     seed: int = 0
     die_after: int | None = Field(
         default=None, ge=0, description="The engine dies after answering this many requests."
@@ -142,6 +148,8 @@ class SimulatedEngine(Engine):
             raise EngineConfigError(f"simulated engine args: {exc}") from exc
         self.served_names = served_names
         self.answered = 0
+        self.failures: dict[str, int] = {}
+        """custom_id -> failures answered so far (``fail_attempts``)."""
         self._dead: str | None = None
         self._death = asyncio.Event()
         self._hang = asyncio.Event()
@@ -186,8 +194,11 @@ class SimulatedEngine(Engine):
             msg = f"The model `{model}` does not exist."
             return EngineResult(404, error_body(msg, status_code=404, param="model"))
         if self._should_fail(request.custom_id):
-            msg = f"Simulated failure for {request.custom_id}."
-            return EngineResult(a.fail_status, error_body(msg, status_code=a.fail_status))
+            failed = self.failures.get(request.custom_id, 0)
+            if a.fail_attempts is None or failed < a.fail_attempts:
+                self.failures[request.custom_id] = failed + 1
+                msg = f"Simulated failure for {request.custom_id}."
+                return EngineResult(a.fail_status, error_body(msg, status_code=a.fail_status))
         if request.url == "/v1/embeddings":
             result = self._embeddings(request, str(model))
         elif request.url == "/v1/responses":
