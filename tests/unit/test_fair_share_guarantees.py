@@ -313,3 +313,35 @@ def test_preemption_across_tenants_cannot_flap(
         raise AssertionError("preemption did not settle")
     assert not lost & gained
     assert moves_made <= excess + 1e-9
+
+
+# --- seen from outside ----------------------------------------------------------------------
+
+
+def test_per_tenant_series_only_when_the_platform_opts_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmbatch.controller import metrics
+    from llmbatch.controller.config import OperatorConfig
+
+    monkeypatch.setenv("LLMBATCH_STORE_URI", "file:///tmp/x")
+    assert OperatorConfig.from_env().tenant_metrics is False
+    monkeypatch.setenv("LLMBATCH_METRICS_TENANT_LABELS", "true")
+    assert OperatorConfig.from_env().tenant_metrics is True
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.REGISTRY.get_sample_value(name, labels)
+
+    shares = Shares(seats={"a": 3, "b": 1}, weights={"a": 1.0, "b": 1.0})
+    fair = tenant_status(shares, Usage(HOUR, 0.0), [], 4)
+    metrics.observe_tenants("fair-pool", fair, per_tenant=False)
+    assert value("llmbatch_pool_tenants_active", pool="fair-pool") == 2
+    assert value("llmbatch_pool_tenant_share_ratio_max", pool="fair-pool") == 1.5
+    assert value("llmbatch_pool_tenant_seats", pool="fair-pool", tenant="a") is None
+    metrics.observe_tenants("fair-pool", fair, per_tenant=True)
+    assert value("llmbatch_pool_tenant_seats", pool="fair-pool", tenant="a") == 3
+    assert value("llmbatch_pool_tenant_fair_share_seats", pool="fair-pool", tenant="b") == 2
+    only_b = tenant_status(Shares(seats={"b": 2}, weights={"b": 1.0}), Usage(0.0, 0.0), [], 4)
+    metrics.observe_tenants("fair-pool", only_b, per_tenant=True)
+    assert value("llmbatch_pool_tenant_seats", pool="fair-pool", tenant="a") is None
+    metrics.forget_pool("fair-pool")
+    assert value("llmbatch_pool_tenant_seats", pool="fair-pool", tenant="b") is None
+    assert value("llmbatch_pool_tenants_active", pool="fair-pool") is None

@@ -496,6 +496,7 @@ def observe_pool(
         _pools_seen.add(name)
         SHARD_FAILURES.labels(name)
         SHARD_RERUNS.labels(name)
+        TENANT_PREEMPTIONS.labels(name)
         for tier in backlog:
             for outcome in ("completed", "failed"):
                 POOL_REQUESTS.labels(name, tier, outcome)

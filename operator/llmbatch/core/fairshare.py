@@ -34,8 +34,8 @@ from llmbatch.core.scheduling import QueuedShard, Shares
 from llmbatch.core.slots import RunningShard
 from llmbatch.core.tiers import TIER_RANK
 
-#: Recent use below this many seats is forgotten (it no longer changes the order).
-FORGET_BELOW_SEATS = 0.01
+#: Use decayed below this many seat-seconds is forgotten (it no longer changes the order).
+FORGET_BELOW_SEAT_SECONDS = 1.0
 #: Most tenants whose use a pool remembers (the largest kept): memory and status stay bounded.
 MAX_REMEMBERED = 256
 
@@ -69,7 +69,7 @@ class Usage:
         gained = (1.0 - keep) / rate
         tenants = set(self.seat_seconds) | {t for t, n in seats.items() if n > 0}
         used = {t: self.seat_seconds.get(t, 0.0) * keep + seats.get(t, 0) * gained for t in tenants}
-        kept = {t: u for t, u in used.items() if u * rate >= FORGET_BELOW_SEATS}
+        kept = {t: u for t, u in used.items() if u >= FORGET_BELOW_SEAT_SECONDS}
         largest = sorted(kept, key=lambda t: (-kept[t], t))[:MAX_REMEMBERED]
         return Usage(self.half_life, now, {t: kept[t] for t in largest})
 

@@ -141,14 +141,6 @@ RESOURCES: tuple[ResourceKind, ...] = (
                 ),
                 "message": "fairSharing.tenants: minSeats must not exceed maxSeats",
             },
-            {
-                "rule": (
-                    "!has(self.spec.fairSharing) || !has(self.spec.fairSharing.tenants)"
-                    " || self.spec.fairSharing.tenants.all(t,"
-                    " self.spec.fairSharing.tenants.exists_one(u, u.namespace == t.namespace))"
-                ),
-                "message": "fairSharing.tenants: each namespace at most once",
-            },
         ],
     ),
     ResourceKind(
