@@ -211,7 +211,7 @@ def report(sides: dict[str, dict[str, float]], args: argparse.Namespace) -> None
                 f"{weight / weight_sum:.0%} ±10 %",
             )
         )
-    rows.append((f"(b) seat-seconds sampled ({args.minutes:g} min)", "seat_s", "{:.0f}", ""))
+    rows.append(("(b) seat-seconds sampled", "seat_s", "{:.0f}", f"({args.minutes:g} min)"))
     for label, key, fmt, target in rows:
         cells = "".join(
             f"{fmt.format(sides[n][key]) if key in sides[n] else '-':>12}" for n in names
