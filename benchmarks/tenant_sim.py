@@ -91,6 +91,47 @@ def water_fill(demand: dict[str, int], weights: dict[str, float], seats: float) 
     return share
 
 
+def _queue(order: str, waiting: list[TBatch], shares: Shares) -> list[tuple[TBatch, QueuedShard]]:
+    """The waiting shards in the order's order, with their batches. Ours: each batch under its
+    tenant (``<tenant>/<batch>``); per batch: every batch its own tenant (``<batch>/x``)."""
+    by_name = {b.name: b for b in waiting}
+    if order == "ours":
+        queued = order_queue(
+            (
+                QueuedShard(f"{b.tenant}/{b.name}", "standard", b.arrival, i)
+                for b in waiting
+                for i in b.shards_left
+            ),
+            shares,
+        )
+        return [(by_name[q.batch.split("/")[1]], q) for q in queued]
+    queued = order_queue(
+        QueuedShard(f"{b.name}/x", "standard", b.arrival, i) for b in waiting for i in b.shards_left
+    )
+    return [(by_name[q.tenant], q) for q in queued]
+
+
+@dataclass
+class Ledger:
+    """Per tenant: seat-seconds received and entitled to (weighted max-min fair split of the
+    seats in use among the tenants with work, at each tick)."""
+
+    weights: dict[str, float]
+    got: Counter[str] = field(default_factory=Counter)
+    entitled: Counter[str] = field(default_factory=Counter)
+
+    def tick(self, active: list[TBatch], runs: list[tuple[float, TBatch]]) -> None:
+        seats = Counter(b.tenant for _, b in runs)
+        demand = Counter({b.tenant: 0 for b in active})
+        for b in active:
+            demand[b.tenant] += len(b.shards_left) + b.running
+        weights = {t: self.weights.get(t, 1.0) for t in demand}
+        for tenant, share in water_fill(dict(demand), weights, sum(seats.values())).items():
+            self.entitled[tenant] += share * TICK
+        for tenant, n in seats.items():
+            self.got[tenant] += n * TICK
+
+
 def simulate_tenants(
     trace: list[TBatch],
     max_slots: int,
@@ -101,17 +142,14 @@ def simulate_tenants(
 ) -> dict[str, object]:
     """``order``: "ours" (shares by tenant, usage decayed over ``half_life``) or "batches"
     (today's round-robin across batches: every batch its own tenant)."""
-    weight_table = WEIGHTS if weights_of is None else weights_of
+    ledger = Ledger(WEIGHTS if weights_of is None else weights_of)
     batches = [TBatch(b.name, b.tenant, b.arrival, b.requests, list(b.shards_left)) for b in trace]
     pending = sorted(batches, key=lambda b: b.arrival)
     active: list[TBatch] = []
     runs: list[tuple[float, TBatch]] = []
     state = ScaleState(desired=0)
     usage = Usage(half_life, 0.0)
-    got: Counter[str] = Counter()
-    entitled: Counter[str] = Counter()
-    provisioned = 0.0
-    now = 0.0
+    provisioned = now = 0.0
     while (now < DAY or any(b.shards_left or b.running for b in active) or pending) and (
         until is None or now < until
     ):
@@ -119,59 +157,25 @@ def simulate_tenants(
             batch = pending.pop(0)
             batch.tenant_idle = all(b.tenant != batch.tenant for b in active)
             active.append(batch)
-        still = []
-        for finish, batch in runs:
-            if finish <= now:
-                batch.running -= 1
-            else:
-                still.append((finish, batch))
-        runs = still
+        for _, batch in (r for r in runs if r[0] <= now):
+            batch.running -= 1
+        runs = [r for r in runs if r[0] > now]
         active = [b for b in active if b.shards_left or b.running]
         backlog = dict.fromkeys(DRAIN, 0)
         backlog["standard"] = sum((len(b.shards_left) + b.running) * SHARD_REQUESTS for b in active)
         state = damp(state, raw_desired_slots(backlog, THROUGHPUT, DRAIN, 0, max_slots), now, 600)
         held = Counter(b.tenant for _, b in runs)
         usage = usage.advance(held, now)
+        weights = {t: ledger.weights.get(t, 1.0) for t in {b.tenant for b in active}}
+        shares = Shares(seats=held, weights=weights, usage=usage.seats())
         waiting = [b for b in active if b.shards_left]
-        by_name = {b.name: b for b in waiting}
-        if order == "ours":
-            tenants = {b.tenant for b in active}
-            shares = Shares(
-                seats=held,
-                weights={t: weight_table.get(t, 1.0) for t in tenants},
-                usage=usage.seats(),
-            )
-            queue = order_queue(
-                (
-                    QueuedShard(f"{b.tenant}/{b.name}", "standard", b.arrival, i)
-                    for b in waiting
-                    for i in b.shards_left
-                ),
-                shares,
-            )
-        else:
-            queue = order_queue(
-                QueuedShard(f"{b.name}/x", "standard", b.arrival, i)
-                for b in waiting
-                for i in b.shards_left
-            )
-        for q in queue[: max(0, state.desired - len(runs))]:
-            # ours: "<tenant>/<batch>"; per batch: "<batch>/x" (each batch its own tenant)
-            batch = by_name[q.batch.split("/")[1] if order == "ours" else q.tenant]
+        for batch, q in _queue(order, waiting, shares)[: max(0, state.desired - len(runs))]:
             batch.shards_left.remove(q.shard_index)
             batch.running += 1
             if batch.first_start is None:
                 batch.first_start = now
             runs.append((now + shard_seconds(batch, q.shard_index), batch))
-        seats = Counter(b.tenant for _, b in runs)
-        demand = Counter({b.tenant: 0 for b in active})
-        for b in active:
-            demand[b.tenant] += len(b.shards_left) + b.running
-        weights = {t: weight_table.get(t, 1.0) for t in demand}
-        for tenant, share in water_fill(dict(demand), weights, sum(seats.values())).items():
-            entitled[tenant] += share * TICK
-        for tenant, n in seats.items():
-            got[tenant] += n * TICK
+        ledger.tick(active, runs)
         provisioned += max(state.desired, len(runs)) * TICK
         now += TICK
     light_waits = sorted(
@@ -180,8 +184,8 @@ def simulate_tenants(
         if b.tenant != "t0" and b.tenant_idle and b.first_start is not None
     )
     return {
-        "got": got,
-        "entitled": entitled,
+        "got": ledger.got,
+        "entitled": ledger.entitled,
         "light_wait_p95": light_waits[min(len(light_waits) - 1, int(0.95 * len(light_waits)))],
         "slot_hours": provisioned / 3600,
     }
