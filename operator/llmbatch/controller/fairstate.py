@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from llmbatch.core.fairshare import Usage, fair_seats
 from llmbatch.core.scheduling import QueuedShard, Shares
+from llmbatch.core.slots import Placement
 
 #: Tenants listed in a pool's status (the CRD bounds the list to this).
 STATUS_TENANTS = 20
@@ -89,3 +91,14 @@ def tenant_status(
             for tenant in listed[:STATUS_TENANTS]
         ],
     }
+
+
+def placed_status(
+    shares: Shares, usage: Usage, placement: Placement, total_seats: int
+) -> dict[str, Any]:
+    """:func:`tenant_status` after a round's placement: the seats it granted count, what it
+    left waiting (capped shards too) waits."""
+    granted = [q for q, _ in placement.assign] + [q for g in placement.new_slots for q in g]
+    seats = Counter(shares.seats) + Counter(q.tenant for q in granted)
+    waiting = placement.waiting + placement.capped
+    return tenant_status(replace(shares, seats=seats), usage, waiting, total_seats)

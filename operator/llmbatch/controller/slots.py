@@ -25,7 +25,7 @@ from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import Assignment, ShardLease
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.fairstate import TenantLedger, tenant_status
+from llmbatch.controller.fairstate import TenantLedger, placed_status
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.settlement import Settlement
 from llmbatch.controller.slotfleet import Assign, SlotFleet
@@ -146,7 +146,7 @@ class SlotScheduler:
         if placement.take_back:
             await self._io(self._take_back_queued, name, live, placement.take_back)
         result.waiting = placement.waiting + placement.capped
-        result.tenants = tenant_status(shares, usage, result.waiting, total_seats)
+        result.tenants = placed_status(shares, usage, placement, total_seats)
         assigned = {slot for _, slot in placement.assign}
         busy = assigned | {v.name for v in views if v.load}
         waiting_models = {q.model for q in placement.waiting}
