@@ -253,11 +253,11 @@ def measure_listing(figures: Figures, gateway: Gateway, tenants: int, calls: int
     figures.autopage_seconds = time.perf_counter() - began
 
 
-def wait_warm(store: pathlib.Path, timeout: float = 300) -> None:
+def wait_warm(store: pathlib.Path, timeout: float = 300, pool: str = POOL) -> None:
     """Until the pool's slot has loaded its engine (a ready heartbeat)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for path in (store / "slots" / POOL).glob("*/heartbeat.json"):
+        for path in (store / "slots" / pool).glob("*/heartbeat.json"):
             with contextlib.suppress(OSError, ValueError):
                 if json.loads(path.read_bytes()).get("state") == "ready":
                     return
@@ -270,12 +270,18 @@ def specs_written(store: pathlib.Path) -> list[float]:
     return [p.stat().st_mtime for p in (store / "work").glob("*/*/shards/00000/spec.json")]
 
 
-def grant_time(store: pathlib.Path, namespace: str, uid: str) -> float | None:
+def grant_time(
+    store: pathlib.Path, namespace: str, uid: str, *, ended: bool = False
+) -> float | None:
+    """When the batch's first shard was granted (while it runs; with ``ended``, also once its
+    run has ended)."""
     lease = store / keys.shard_lease_key(keys.shard_prefix(namespace, uid, 0))
     if not lease.exists():
         return None
     parsed = ShardLease.model_validate_json(lease.read_bytes())
-    return parsed.granted_at if parsed.state == "granted" else None
+    if parsed.state == "granted" or (ended and parsed.granted_at):
+        return parsed.granted_at
+    return None
 
 
 def uid_of(kubeconfig: pathlib.Path, namespace: str, name: str) -> str:

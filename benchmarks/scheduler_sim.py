@@ -14,7 +14,12 @@ starts an engine, today's executor) against warm slots (a slot loads once and ru
 shard until idle) for an 8B-class pool (45 s to load) and a 70B-class one (180 s): engine
 starts, GPU-hours loading / inferring / idle, expedited wait p95 and small-batch completion.
 
-    .venv/bin/python benchmarks/scheduler_sim.py [--seeds 5] [--max-slots 16]
+Then tenants (#33, ``benchmarks/tenant_sim.py``): 50 tenants, one submitting 80 % of the
+batches, through our order (shares by tenant, usage decayed) beside today's per-batch
+round-robin: each tenant's seat time against its weighted fair split, a light tenant's
+first-grant wait p95 and slot-hours.
+
+    .venv/bin/python benchmarks/scheduler_sim.py [--seeds 5] [--max-slots 16] [--tenant-rate 120]
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ from dataclasses import dataclass, field
 
 from llmbatch.core.autoscaling import ScaleState, damp, raw_desired_slots
 from llmbatch.core.scheduling import QueuedShard, order_queue
+
+try:
+    from benchmarks.tenant_sim import tenant_report
+except ModuleNotFoundError:  # run as a script: benchmarks/ is on the path, not the repo root
+    from tenant_sim import tenant_report  # type: ignore[no-redef]
 
 TICK = 60.0
 DAY = 86400.0
@@ -313,7 +323,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--max-slots", type=int, default=16)
     parser.add_argument("--idle-seconds", type=float, default=300.0)
+    parser.add_argument("--tenant-rate", type=float, default=120.0, help="batches/h, tenants")
+    parser.add_argument("--only-tenants", action="store_true", help="only the tenants report")
     args = parser.parse_args()
+    if args.only_tenants:
+        tenant_report(args.seeds, args.max_slots, args.tenant_rate)
+        return
     runs: dict[str, list[dict[str, float]]] = {"ours": [], "fifo": []}
     sizes = []
     for seed in range(args.seeds):
@@ -344,6 +359,7 @@ def main() -> None:
     )
     print(f"slot-hours ratio ours/fifo: {ratio:.2f}")
     engine_report(args.seeds, args.max_slots, args.idle_seconds)
+    tenant_report(args.seeds, args.max_slots, args.tenant_rate)
 
 
 if __name__ == "__main__":

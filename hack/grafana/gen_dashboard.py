@@ -352,6 +352,52 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ],
     ),
     (
+        "Tenants",
+        [
+            (
+                "Tenants with work",
+                "short",
+                [("{{pool}}", f"max by (pool) (llmbatch_pool_tenants_active{P})")],
+                "Namespaces with shards waiting or running on the pool (fair sharing, docs/pools.md).",
+            ),
+            (
+                "Largest seats / fair share",
+                "short",
+                [("{{pool}}", f"max by (pool) (llmbatch_pool_tenant_share_ratio_max{P})")],
+                "Above 1: a tenant borrows idle share (work-conserving) or the order has not caught "
+                "up yet; held above 1 while others wait, look at fairSharing.tenants.",
+            ),
+            (
+                "Seats per tenant vs fair share",
+                "short",
+                [
+                    (
+                        "{{pool}} {{tenant}} seats",
+                        f"max by (pool, tenant) (llmbatch_pool_tenant_seats{P})",
+                    ),
+                    (
+                        "{{pool}} {{tenant}} share",
+                        f"max by (pool, tenant) (llmbatch_pool_tenant_fair_share_seats{P})",
+                    ),
+                ],
+                "The 20 tenants each pool's status lists; only with "
+                "LLMBATCH_METRICS_TENANT_LABELS=true (tenants are unbounded).",
+            ),
+            (
+                "Preemptions across tenants",
+                "ops",
+                [
+                    (
+                        "{{pool}}",
+                        f"sum by (pool) (rate(llmbatch_pool_tenant_preemptions_total{P}[$__rate_interval]))",
+                    )
+                ],
+                "fairSharing.preemption: BelowGuarantee taking seats back for a tenant below its "
+                "guarantee.",
+            ),
+        ],
+    ),
+    (
         "Credit and operator",
         [
             (

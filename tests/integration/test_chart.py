@@ -482,3 +482,11 @@ def test_observability_value_set_renders_dashboard_and_rules() -> None:
     assert not [
         o for o in render() if o["kind"] == "ConfigMap" and "dashboard" in o["metadata"]["name"]
     ]
+
+
+def test_per_tenant_metrics_are_opt_in() -> None:
+    env = {e["name"]: e for e in _container(render(), "llmbatch-operator")["env"]}
+    assert env["LLMBATCH_METRICS_TENANT_LABELS"]["value"] == "false"
+    objects = render(sets=("operator.metricsTenantLabels=true",))
+    env = {e["name"]: e for e in _container(objects, "llmbatch-operator")["env"]}
+    assert env["LLMBATCH_METRICS_TENANT_LABELS"]["value"] == "true"

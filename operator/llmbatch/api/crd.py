@@ -109,13 +109,20 @@ def model_schema(model: type[Any]) -> dict[str, Any]:
     return to_structural(raw, defs)
 
 
+#: Lists that are maps by a key: ``conditions`` by type, a pool's ``tenants`` by namespace (the
+#: API server then refuses two items with the same key, which CEL could not afford to check).
+LIST_MAP_KEYS = {"conditions": "type", "tenants": "namespace"}
+
+
 def _annotate_conditions(node: dict[str, Any]) -> None:
-    """Mark every ``conditions`` list as a map keyed by type (server-side apply friendly)."""
+    """Mark every list of :data:`LIST_MAP_KEYS` as a map by its key (server-side apply
+    friendly, keys unique)."""
     props = node.get("properties", {})
     for name, child in props.items():
-        if name == "conditions" and child.get("type") == "array":
+        key = LIST_MAP_KEYS.get(name)
+        if key and child.get("type") == "array" and key in child["items"].get("properties", {}):
             child["x-kubernetes-list-type"] = "map"
-            child["x-kubernetes-list-map-keys"] = ["type"]
+            child["x-kubernetes-list-map-keys"] = [key]
         _annotate_conditions(child)
     if "items" in node:
         _annotate_conditions(node["items"])

@@ -80,6 +80,9 @@ class OperatorConfig:
     """At most one progress status patch per batch this often."""
     metrics_port: int = 8080
     """Port of /metrics (0: off)."""
+    tenant_metrics: bool = False
+    """Series per tenant (pool seats and fair share, the 20 tenants each pool's status lists):
+    LLMBATCH_METRICS_TENANT_LABELS=true; off by default, tenants being unbounded."""
     slot_heartbeat_seconds: float = 5.0
     """How often a slot renews its leases (its heartbeat)."""
     slot_lease_seconds: float = 30.0
@@ -138,6 +141,7 @@ class OperatorConfig:
             startup_spread_seconds=_float("LLMBATCH_STARTUP_SPREAD_SECONDS", 60.0),
             progress_interval=_float("LLMBATCH_PROGRESS_INTERVAL", 5.0),
             metrics_port=int(os.environ.get("LLMBATCH_METRICS_PORT", "8080")),
+            tenant_metrics=os.environ.get("LLMBATCH_METRICS_TENANT_LABELS", "").lower() == "true",
             slot_heartbeat_seconds=_float("LLMBATCH_SLOT_HEARTBEAT_SECONDS", 5.0),
             slot_lease_seconds=_float("LLMBATCH_SLOT_LEASE_SECONDS", 30.0),
             slot_poll_seconds=_float("LLMBATCH_SLOT_POLL_SECONDS", 0.5),

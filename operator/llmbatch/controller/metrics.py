@@ -220,6 +220,40 @@ POOL_SLOT_THROUGHPUT = Gauge(
     ["pool"],
     registry=REGISTRY,
 )
+POOL_TENANTS = Gauge(
+    "llmbatch_pool_tenants_active",
+    "Tenants (namespaces) with work waiting or running on the pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+POOL_SHARE_RATIO_MAX = Gauge(
+    "llmbatch_pool_tenant_share_ratio_max",
+    "The largest seats-held over fair-share ratio among the pool's tenants with work (above 1: "
+    "a tenant borrows idle share or the queue has not caught up yet).",
+    ["pool"],
+    registry=REGISTRY,
+)
+TENANT_PREEMPTIONS = Counter(
+    "llmbatch_pool_tenant_preemptions_total",
+    "Running shards taken back from a tenant above its fair share for a tenant below its "
+    "guaranteed seats (fairSharing.preemption: BelowGuarantee), by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+TENANT_SEATS = Gauge(
+    "llmbatch_pool_tenant_seats",
+    "Seats a tenant holds on the pool, for the tenants the pool's status lists (at most 20 "
+    "per pool); only with LLMBATCH_METRICS_TENANT_LABELS=true.",
+    ["pool", "tenant"],
+    registry=REGISTRY,
+)
+TENANT_FAIR_SEATS = Gauge(
+    "llmbatch_pool_tenant_fair_share_seats",
+    "A tenant's fair share of the pool's seats, as llmbatch_pool_tenant_seats lists them; "
+    "only with LLMBATCH_METRICS_TENANT_LABELS=true.",
+    ["pool", "tenant"],
+    registry=REGISTRY,
+)
 LAST_RECONCILE = Gauge(
     "llmbatch_operator_last_reconcile_timestamp_seconds",
     "Unix time of the operator's last batch reconcile or pool scheduling round (a paused "
@@ -462,6 +496,7 @@ def observe_pool(
         _pools_seen.add(name)
         SHARD_FAILURES.labels(name)
         SHARD_RERUNS.labels(name)
+        TENANT_PREEMPTIONS.labels(name)
         for tier in backlog:
             for outcome in ("completed", "failed"):
                 POOL_REQUESTS.labels(name, tier, outcome)
@@ -474,12 +509,40 @@ def observe_pool(
         POOL_DRAIN_TARGET.labels(name, tier).set(drain.get(tier, 0))
 
 
+_tenants_shown: dict[str, set[str]] = {}  # pool -> tenants with per-tenant series
+
+
+def observe_tenants(name: str, fair: Mapping[str, Any], per_tenant: bool) -> None:
+    """Record a pool's tenants (its status's ``fairSharing``): how many have work, the largest
+    seats over share; per tenant (bounded to the listed ones) only when ``per_tenant``."""
+    listed = fair.get("tenants") or []
+    POOL_TENANTS.labels(name).set(fair.get("activeTenants") or 0)
+    ratios = [t["seats"] / float(t["share"]) for t in listed if float(t["share"]) > 0]
+    POOL_SHARE_RATIO_MAX.labels(name).set(max(ratios, default=0.0))
+    if not per_tenant:
+        return
+    shown = {str(t["namespace"]) for t in listed}
+    for gone in _tenants_shown.get(name, set()) - shown:
+        for gauge in (TENANT_SEATS, TENANT_FAIR_SEATS):
+            with contextlib.suppress(KeyError):
+                gauge.remove(name, gone)
+    for tenant in listed:
+        TENANT_SEATS.labels(name, tenant["namespace"]).set(tenant["seats"])
+        TENANT_FAIR_SEATS.labels(name, tenant["namespace"]).set(float(tenant["share"]))
+    _tenants_shown[name] = shown
+
+
 def forget_pool(name: str) -> None:
     """Drop a deleted pool's gauges: a last backlog or queue depth left behind would keep its
     alerts firing. Counters stay (a rate over them falls to zero by itself)."""
-    for gauge in (JOBS_RUNNING, WARM_SLOTS, DESIRED_SLOTS, POOL_MAX_SLOTS, POOL_SLOT_THROUGHPUT):
+    pooled = (JOBS_RUNNING, WARM_SLOTS, DESIRED_SLOTS, POOL_MAX_SLOTS, POOL_SLOT_THROUGHPUT)
+    for gauge in (*pooled, POOL_TENANTS, POOL_SHARE_RATIO_MAX):
         with contextlib.suppress(KeyError):
             gauge.remove(name)
+    for tenant in _tenants_shown.pop(name, set()):
+        for per_tenant in (TENANT_SEATS, TENANT_FAIR_SEATS):
+            with contextlib.suppress(KeyError):
+                per_tenant.remove(name, tenant)
     for tiered in (QUEUE_DEPTH, POOL_BACKLOG, POOL_DRAIN_TARGET):
         for tier in TIERS:
             with contextlib.suppress(KeyError):

@@ -49,7 +49,9 @@ BACKLOG_RECHECK = 0.5
 #: rounds follow each other they are patched at most once per REPORT_SECONDS, since a round's
 #: next one waits for its status patch and that is slow on a busy API server. A change of the
 #: scaling state (``desiredSlots``, ``scaleDownSince``) is patched at once.
-REPORT_FIELDS = frozenset({"slotsInUse", "warmSlots", "queueDepth", "throughputPerSlot"})
+REPORT_FIELDS = frozenset(
+    {"slotsInUse", "warmSlots", "queueDepth", "throughputPerSlot", "fairSharing"}
+)
 REPORT_SECONDS = 1.0
 #: Phases of a batch that no longer runs on its pool: its backlog is gone.
 STOPPED = frozenset({"finalizing", "cancelling", "completed", "failed", "expired", "cancelled"})
@@ -124,6 +126,7 @@ class PoolScheduler:
         self.kube = kube
         self.clock = clock
         self.interval = config.reconcile_interval
+        self.tenant_metrics = config.tenant_metrics
         self.slots = SlotScheduler(kube, store, config, clock)
         # pool -> (when its last round started, the kicks counted then); kicks counted per pool
         self._rounds: dict[str, tuple[float, int]] = {}
@@ -348,6 +351,7 @@ class PoolScheduler:
                     f"Desired slots {previous.desired} → {scaled.desired} (backlog {backlog})",
                 )
             )
+        self.slots.ledger.resume(name, status, pool.fair_sharing.usage_half_life_seconds)
         placed = await self.slots.round(name, pool, uid, batches, scaled.desired, now, look)
         metrics.POOL_ROUND_SECONDS.labels(name).observe(time.perf_counter() - started)
         result.events += placed.events
@@ -382,6 +386,9 @@ class PoolScheduler:
             "throughputPerSlot": f"{throughput:.4f}",
             "scaleDownSince": int(scaled.below_since) if scaled.below_since is not None else None,
         }
+        if placed.tenants is not None:
+            wanted["fairSharing"] = placed.tenants
+            metrics.observe_tenants(name, placed.tenants, self.tenant_metrics)
         result.status = wanted
         ended = self.clock()
         self._cost[name] = (ended, max(0.0, ended - now))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import Assignment, ShardLease
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
+from llmbatch.controller.fairstate import TenantLedger, placed_status
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.settlement import Settlement
 from llmbatch.controller.slotfleet import Assign, SlotFleet
@@ -41,8 +43,9 @@ from llmbatch.controller.slotstate import (
 )
 from llmbatch.controller.slotwatch import SlotObserver
 from llmbatch.core import keys
+from llmbatch.core.fairshare import tenant_preemptions
 from llmbatch.core.leases import OPEN_STATES
-from llmbatch.core.scheduling import QueuedShard
+from llmbatch.core.scheduling import QueuedShard, Shares
 from llmbatch.core.slots import (
     Placement,
     RunningShard,
@@ -85,6 +88,7 @@ class SlotScheduler:
         self._threads = ThreadPoolExecutor(ROUND_THREADS, thread_name_prefix="pool-round")
         self.tenant_weight: Callable[[str], float] = lambda _tenant: 1.0
         """A tenant's fair-share weight (the operator's namespace cache; 1 until it is set)."""
+        self.ledger = TenantLedger()
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` (store calls) in one of the round's threads."""
@@ -130,14 +134,19 @@ class SlotScheduler:
         waiting = await self._io(self._waiting, name, candidates)
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
         views = slot_views(live, capacity, pool.slot_queue)
-        shares = pool_shares(work, held, self.tenant_weight)
+        fair = pool.fair_sharing
+        usage = self.ledger.advance(
+            name, fair.usage_half_life_seconds, Counter(r.shard.tenant for r in running), now
+        )
+        shares = pool_shares(work, held, self.tenant_weight, fair, usage.seats())
         placement = place((w.queued for w in waiting), views, desired, capacity, shares)
         await self._carry_out(name, pool, pool_uid, placement, waiting, now, result)
-        if pool.preemption == "LowerPriority" and placement.waiting:
-            await self._preempt(name, pool, live, running, placement.waiting, result)
+        total_seats = sum(v.capacity for v in views if v.open)
+        await self._preemptions(name, pool, live, running, placement, shares, total_seats, result)
         if placement.take_back:
             await self._io(self._take_back_queued, name, live, placement.take_back)
-        result.waiting = placement.waiting
+        result.waiting = placement.waiting + placement.capped
+        result.tenants = placed_status(shares, usage, placement, total_seats)
         assigned = {slot for _, slot in placement.assign}
         busy = assigned | {v.name for v in views if v.load}
         waiting_models = {q.model for q in placement.waiting}
@@ -182,6 +191,7 @@ class SlotScheduler:
         """Drop what is remembered of a deleted pool (its slots were forgotten one by one)."""
         self._known_waiting.pop(name, None)
         self.observer.forget_pool(name)
+        self.ledger.forget(name)
 
     def _waiting(self, pool_name: str, candidates: list[Work]) -> list[Work]:
         """The shards no slot holds that wait for one (not done, not given up). A shard found
@@ -242,6 +252,55 @@ class SlotScheduler:
         metrics.SLOT_ASSIGNMENTS.labels(pool_name).inc()
         return True
 
+    async def _preemptions(
+        self,
+        pool_name: str,
+        pool: BatchPoolSpec,
+        slots: list[ObservedSlot],
+        running: list[RunningShard],
+        placement: Placement,
+        shares: Shares,
+        total_seats: int,
+        result: SlotRound,
+    ) -> None:
+        """Preempt for what still waits, where the pool allows it: lower tiers for expedited
+        shards (``preemption: LowerPriority``), else tenants above their share for tenants
+        below their guarantee (``fairSharing.preemption: BelowGuarantee``) — never both in one
+        round, and not across tenants while a shard taken back is still stopping (its seat
+        is about to free)."""
+        if not placement.waiting:
+            return
+        if pool.preemption == "LowerPriority" and await self._preempt(
+            pool_name, pool, slots, running, placement.waiting, result
+        ):
+            return
+        if pool.fair_sharing.preemption != "BelowGuarantee":
+            return
+        if any(s.running() - s.assignments.keys() for s in slots):
+            return
+        moves = tenant_preemptions(
+            placement.waiting, running, shares, total_seats, pool.max_preemptions_per_shard
+        )
+        holders = {key: s for s in slots for key in s.assignments}
+
+        def take_back_all() -> None:
+            for victim, _ in moves:
+                self._take_back(holders[victim.key], victim.key)
+
+        await self._io(take_back_all)
+        for victim, receiver in moves:
+            metrics.TENANT_PREEMPTIONS.labels(pool_name).inc()
+            result.touch(victim.key.rsplit("-", 1)[0], Priority.SHARDS)
+            result.events.append(
+                (
+                    "Normal",
+                    "Preempted",
+                    f"Took shard {victim.key} of tenant {victim.shard.tenant} back from "
+                    f"{holders[victim.key].name} for tenant {receiver.tenant}, below its "
+                    "guaranteed seats",
+                )
+            )
+
     async def _preempt(
         self,
         pool_name: str,
@@ -250,9 +309,10 @@ class SlotScheduler:
         running: list[RunningShard],
         waiting: list[QueuedShard],
         result: SlotRound,
-    ) -> None:
+    ) -> int:
         """Take lower-tier shards back for expedited ones still waiting: the slot stops feeding
-        them and commits what finished; they wait in the queue and resume from their chunks."""
+        them and commits what finished; they wait in the queue and resume from their chunks.
+        How many it took back."""
         holders = {key: s for s in slots for key in s.assignments}
         # Shards already taken back and still stopping free their places soon: count them.
         stopping = sum(len(s.running() - s.assignments.keys()) for s in slots)
@@ -273,6 +333,7 @@ class SlotScheduler:
                     f"Took shard {victim.key} back from {slot.name} for expedited work",
                 )
             )
+        return len(victims)
 
     @staticmethod
     def _take_back_queued(pool_name: str, slots: list[ObservedSlot], back: dict[str, int]) -> None:

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.resources.pool import FairSharing
 from llmbatch.api.slot import Assignment, SlotHeartbeat
 from llmbatch.controller.jobs import engine_args
 from llmbatch.core import keys, tiers
-from llmbatch.core.scheduling import QueuedShard, Shares
+from llmbatch.core.scheduling import MAX_WEIGHT, MIN_WEIGHT, Guarantee, QueuedShard, Shares
 from llmbatch.core.slots import SlotView
 from llmbatch.core.workqueue import Priority
 from llmbatch.storage.slotchannel import SlotChannel
@@ -89,7 +90,10 @@ class SlotRound:
     run_seconds: list[float] = field(default_factory=list)
     """Assignment to done, of each shard that finished this round."""
     waiting: list[QueuedShard] = field(default_factory=list)
-    """Shards still waiting for a slot after this round."""
+    """Shards still waiting for a slot after this round (those of a tenant at its maximum
+    seats too)."""
+    tenants: dict[str, Any] | None = None
+    """The pool status's ``fairSharing`` (``controller.fairstate.tenant_status``)."""
     events: list[tuple[str, str, str]] = field(default_factory=list)
     batch_events: list[tuple[dict[str, str], str, str]] = field(default_factory=list)
     """Warning Events for Batches: (the Batch's object reference, reason, message)."""
@@ -202,13 +206,27 @@ def pool_work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
 
 
 def pool_shares(
-    work: Mapping[str, Work], held: Iterable[str], weight_of: Callable[[str], float]
+    work: Mapping[str, Work],
+    held: Iterable[str],
+    weight_of: Callable[[str], float],
+    settings: FairSharing | None = None,
+    usage: Mapping[str, float] | None = None,
 ) -> Shares:
     """The seats each tenant holds on the pool's slots (its shards ``held`` there, running or
-    queued), and the weights of the tenants with work in the pool (``core.scheduling``)."""
+    queued), the weights of the tenants with work in the pool (the pool's own for a tenant it
+    names, else ``weight_of``), their recent use in seats and the pool's guarantees."""
     seats = Counter(work[key].queued.tenant for key in held if key in work)
     tenants = {w.queued.tenant for w in work.values()}
-    return Shares(seats=seats, weights={t: weight_of(t) for t in tenants})
+    named = {t.namespace: t for t in settings.tenants} if settings else {}
+    weights = {}
+    for tenant in tenants:
+        own = named[tenant].weight if tenant in named else None
+        weight = float(own) if own is not None else weight_of(tenant)
+        weights[tenant] = min(MAX_WEIGHT, max(MIN_WEIGHT, weight))
+    guarantees = {
+        t.namespace: Guarantee(min_seats=t.min_seats, max_seats=t.max_seats) for t in named.values()
+    }
+    return Shares(seats=seats, weights=weights, usage=dict(usage or {}), guarantees=guarantees)
 
 
 def slot_views(live: list[ObservedSlot], capacity: int, queue: int | None) -> list[SlotView]:

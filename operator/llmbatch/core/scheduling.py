@@ -11,6 +11,12 @@ per unit of weight, counting the seats it holds now and those this order has giv
 Nothing is reserved: a tenant with nothing waiting takes no turn, so its share goes to whoever
 has work (work-conserving), and comes back to it as seats free — a tenant's first batch created
 behind another tenant's thousand goes first at the next free seat, not after them.
+
+A tenant's load also counts its recent use of the pool (:attr:`Shares.usage`, decayed with the
+pool's half-life: ``core.fairshare``), so a tenant that held many seats a moment ago yields to
+one that did not. The pool's guarantees per named tenant (:class:`Guarantee`) come on top: a
+tenant below its minimum seats goes first within its tier, and one at its maximum gets no seat
+at all (its shards wait; :func:`capped`).
 """
 
 from __future__ import annotations
@@ -59,16 +65,36 @@ class QueuedShard:
 
 
 @dataclass(frozen=True)
+class Guarantee:
+    """What a pool guarantees a named tenant: seats served before any tenant's fair share
+    (``min_seats``), and a hard cap on its seats (``max_seats``; None: none)."""
+
+    min_seats: int = 0
+    max_seats: int | None = None
+
+
+@dataclass(frozen=True)
 class Shares:
-    """What the tenants of a pool hold now, and their weights."""
+    """What the tenants of a pool hold now, their weights, recent use and guarantees."""
 
     seats: Mapping[str, int] = field(default_factory=dict)
     """Shards each tenant has on the pool's slots (running, or queued on a slot)."""
     weights: Mapping[str, float] = field(default_factory=dict)
     """Each tenant's weight (:func:`tenant_weight`); absent: 1."""
+    usage: Mapping[str, float] = field(default_factory=dict)
+    """Each tenant's recent use in seats (its decayed seat-seconds over the mean life of the
+    decay, ``core.fairshare.Usage.seats``); absent: 0."""
+    guarantees: Mapping[str, Guarantee] = field(default_factory=dict)
+    """The pool's guarantees by tenant; absent: none."""
 
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
+
+    def guarantee(self, tenant: str) -> Guarantee:
+        return self.guarantees.get(tenant, NO_GUARANTEE)
+
+
+NO_GUARANTEE = Guarantee()
 
 
 def _within_tenant(shards: list[QueuedShard]) -> list[QueuedShard]:
@@ -87,7 +113,16 @@ def _within_tenant(shards: list[QueuedShard]) -> list[QueuedShard]:
 
 
 def order_queue(waiting: Iterable[QueuedShard], shares: Shares | None = None) -> list[QueuedShard]:
-    """The waiting shards in the order they get slots."""
+    """The waiting shards in the order they get slots; a tenant's shards beyond its maximum
+    seats are left out (:func:`split_queue` returns them)."""
+    return split_queue(waiting, shares)[0]
+
+
+def split_queue(
+    waiting: Iterable[QueuedShard], shares: Shares | None = None
+) -> tuple[list[QueuedShard], list[QueuedShard]]:
+    """(The shards in the order they get slots, those no seat may take: their tenant would
+    exceed its maximum seats.)"""
     shares = shares or Shares()
     by_tier: dict[int, dict[str, list[QueuedShard]]] = {}
     for shard in waiting:
@@ -95,29 +130,38 @@ def order_queue(waiting: Iterable[QueuedShard], shares: Shares | None = None) ->
         by_tier.setdefault(rank, {}).setdefault(shard.tenant, []).append(shard)
     held = dict(shares.seats)
     ordered: list[QueuedShard] = []
+    left_out: list[QueuedShard] = []
     for rank in sorted(by_tier):
         queues = {tenant: _within_tenant(shards) for tenant, shards in by_tier[rank].items()}
-        # (seats per weight if given one more, the tenant's oldest waiting batch, the tenant)
-        heap = [(_next_share(t, held, shares), q[0].created_at, t) for t, q in queues.items()]
+        heap = [(_key(t, held, shares), q[0].created_at, t) for t, q in queues.items()]
         heapq.heapify(heap)
         taken = dict.fromkeys(queues, 0)
         while heap:
             _, _, tenant = heapq.heappop(heap)
             queue = queues[tenant]
+            cap = shares.guarantee(tenant).max_seats
+            if cap is not None and held.get(tenant, 0) >= cap:
+                left_out += queue[taken[tenant] :]
+                continue
             ordered.append(queue[taken[tenant]])
             taken[tenant] += 1
             held[tenant] = held.get(tenant, 0) + 1
             if taken[tenant] < len(queue):
                 head = queue[taken[tenant]]
-                heapq.heappush(heap, (_next_share(tenant, held, shares), head.created_at, tenant))
-    return ordered
+                heapq.heappush(heap, (_key(tenant, held, shares), head.created_at, tenant))
+    return ordered, left_out
 
 
-def _next_share(tenant: str, held: Mapping[str, int], shares: Shares) -> float:
-    """The tenant's seats per unit of weight once given one more: the tenant furthest below its
-    share has the least. (Counting the next seat, not the held ones, breaks the tie between an
-    idle light tenant and an idle heavy one in favour of the heavier.)"""
-    return (held.get(tenant, 0) + 1) / shares.weight(tenant)
+def _key(tenant: str, held: Mapping[str, int], shares: Shares) -> tuple[bool, float]:
+    """(not below its minimum seats, its load per unit of weight once given one more seat):
+    a tenant below its guarantee first, then the tenant furthest below its share. The load is
+    the seats it holds (and was given in this order) plus its recent use. (Counting the next
+    seat, not the held ones, breaks the tie between an idle light tenant and an idle heavy one
+    in favour of the heavier.)"""
+    seats = held.get(tenant, 0)
+    below_minimum = seats < shares.guarantee(tenant).min_seats
+    load = seats + shares.usage.get(tenant, 0.0) + 1
+    return (not below_minimum, load / shares.weight(tenant))
 
 
 def grant_slots(

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from llmbatch.api.slot import Assignment
-from llmbatch.core.scheduling import QueuedShard, Shares, order_queue
+from llmbatch.core.scheduling import QueuedShard, Shares, split_queue
 from llmbatch.core.tiers import TIER_RANK
 
 #: Shards a slot runs at once when the pool does not say (see :func:`slot_concurrency`).
@@ -93,6 +93,8 @@ class Placement:
     """Shards for each slot to start now (all of one model)."""
     waiting: list[QueuedShard] = field(default_factory=list)
     """Shards left in the queue (no room, no slot to start)."""
+    capped: list[QueuedShard] = field(default_factory=list)
+    """Shards no seat may take: their tenant holds its maximum seats (``core.scheduling``)."""
     take_back: dict[str, int] = field(default_factory=dict)
     """Queued shards to take back from a slot unstarted, its worst tier last-assigned first: a
     better tier takes their place, or a seat is free elsewhere. (A slot that stops taking work
@@ -120,7 +122,8 @@ def place(
     )
     startable = max(0, desired - sum(1 for s in slots if s.open))
     unplaced: list[QueuedShard] = []
-    for shard in order_queue(queued, shares):
+    ordered, result.capped = split_queue(queued, shares)
+    for shard in ordered:
         fits = [s for s in ranked if s.model == shard.model]
         # A seat, else the express seat of a full slot: queued shards do not take it (a slot
         # starts an expedited shard before its queued ones).

@@ -226,6 +226,36 @@ class PoolRetention(CRModel):
     store (still answered by the gateway); default: until its results expire."""
 
 
+class TenantShareSettings(CRModel):
+    """What the pool guarantees one named tenant (namespace)."""
+
+    namespace: DNSName
+    """The tenant's namespace."""
+    min_seats: Annotated[int, Field(ge=0, le=65536)] = 0
+    """Seats the tenant is served first, before any tenant's fair share (within a tier)."""
+    max_seats: Annotated[int, Field(ge=0, le=65536)] | None = None
+    """Most seats the tenant holds at once (a hard cap, even with seats idle); unset: none."""
+    weight: Decimal | None = None
+    """The tenant's weight in this pool (0.01-1000), over its namespace's
+    llmbatch.io/fair-share-weight annotation; unset: the annotation's (default 1)."""
+
+
+class FairSharing(CRModel):
+    """How the pool shares its seats across tenants (namespaces)."""
+
+    usage_half_life_seconds: Annotated[int, Field(ge=0, le=604800)] = 3600
+    """Half-life of a tenant's remembered use (decayed seat-seconds): a tenant that used the
+    pool heavily a moment ago yields to one that did not. 0: only the seats held now count."""
+    tenants: Annotated[list[TenantShareSettings], Field(max_length=64)] = Field(
+        default_factory=list
+    )
+    """Guarantees (minimum and maximum seats) and weights of named tenants."""
+    preemption: Literal["Never", "BelowGuarantee"] = "Never"
+    """BelowGuarantee: a waiting shard of a tenant below its minSeats (and its fair share) takes
+    a running shard of a tenant above its fair share back from its slot (stop feeding, commit,
+    re-queue); only while the victim keeps its share and guarantee. Needs slotQueue: 0."""
+
+
 class BatchPoolSpec(CRModel):
     """One served model (or a few) on one kind of GPU node."""
 
@@ -284,6 +314,8 @@ class BatchPoolSpec(CRModel):
     """The tenants this pool serves (a private deployment's owners); unset: every tenant.
     Others do not see its models in /v1/models and their batches for them are refused with
     model_not_found."""
+    fair_sharing: FairSharing = Field(default_factory=FairSharing)
+    """Shares of the pool's seats across tenants: remembered use, guarantees, preemption."""
 
 
 class QueueDepth(CRModel):
@@ -295,6 +327,34 @@ class QueueDepth(CRModel):
     """Standard requests waiting or running."""
     flex: int = 0
     """Flex requests waiting or running."""
+
+
+class TenantShare(CRModel):
+    """One tenant's seats on the pool against its fair share."""
+
+    namespace: DNSName
+    """The tenant."""
+    seats: int = 0
+    """Seats it holds (shards running or queued on the pool's slots)."""
+    share: Decimal = "0"
+    """Its fair share of the pool's seats: its weight over those of the tenants with work."""
+    weight: Decimal = "1"
+    """Its weight in this pool."""
+    waiting: int = 0
+    """Its shards waiting for a seat."""
+    usage_seat_seconds: int = 0
+    """Its remembered use: decayed seat-seconds (fairSharing.usageHalfLifeSeconds)."""
+
+
+class FairSharingStatus(CRModel):
+    """The tenants of a pool, the busiest first (at most 20 listed)."""
+
+    active_tenants: int = 0
+    """Tenants with work waiting or running."""
+    usage_at: int | None = None
+    """Unix seconds the listed usage was computed at (an operator restart resumes from it)."""
+    tenants: Annotated[list[TenantShare], Field(max_length=20)] = Field(default_factory=list)
+    """Tenants with work or remembered use, by seats then usage (at most 20)."""
 
 
 class BatchPoolStatus(CRModel):
@@ -316,3 +376,5 @@ class BatchPoolStatus(CRModel):
     """Conditions."""
     observed_generation: int | None = None
     """The metadata.generation last acted on."""
+    fair_sharing: FairSharingStatus | None = None
+    """Seats in use against fair share, per tenant."""

@@ -97,6 +97,16 @@ RESOURCES: tuple[ResourceKind, ...] = (
             {"name": "Expedited", "type": "integer", "jsonPath": ".status.queueDepth.expedited"},
             {"name": "Standard", "type": "integer", "jsonPath": ".status.queueDepth.standard"},
             {"name": "Flex", "type": "integer", "jsonPath": ".status.queueDepth.flex"},
+            {
+                "name": "Tenants",
+                "type": "integer",
+                "jsonPath": ".status.fairSharing.activeTenants",
+            },
+            {
+                "name": "Top",
+                "type": "string",
+                "jsonPath": ".status.fairSharing.tenants[0].namespace",
+            },
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
         rules=[
@@ -111,7 +121,26 @@ RESOURCES: tuple[ResourceKind, ...] = (
                     "limits.requireOutputTokenLimit may be false only on a GPUTime pool: a Tokens "
                     "(catalog) pool bills output tokens, so every request must bound them"
                 ),
-            }
+            },
+            {
+                "rule": (
+                    "!has(self.spec.fairSharing) || !has(self.spec.fairSharing.preemption)"
+                    " || self.spec.fairSharing.preemption == 'Never'"
+                    " || (has(self.spec.slotQueue) && self.spec.slotQueue == 0)"
+                ),
+                "message": (
+                    "fairSharing.preemption BelowGuarantee needs slotQueue: 0 (a seat a preempted "
+                    "shard frees must go to the tenant below its guarantee, not to a slot's queue)"
+                ),
+            },
+            {
+                "rule": (
+                    "!has(self.spec.fairSharing) || !has(self.spec.fairSharing.tenants)"
+                    " || self.spec.fairSharing.tenants.all(t, !has(t.maxSeats)"
+                    " || !has(t.minSeats) || t.minSeats <= t.maxSeats)"
+                ),
+                "message": "fairSharing.tenants: minSeats must not exceed maxSeats",
+            },
         ],
     ),
     ResourceKind(

@@ -1,0 +1,263 @@
+"""Tenants in the scheduler simulation (#33): a day of standard batches from 50 tenants, one of
+them submitting 80 % of the batches, through the real order (``core.scheduling`` with shares,
+``core.fairshare`` decay) and autoscaler, beside today's per-batch round-robin on the same trace.
+
+Per tenant it measures seat-seconds received against seat-seconds it was entitled to: at every
+tick, the weighted max-min fair split of the seats in use among the tenants with work (a tenant
+never entitled to more than it can run: its running plus waiting shards), summed over the day.
+Reported: the tenants' shares against entitlement (the largest deviation among tenants entitled
+to at least an hour of seats, and the total variation), the first-grant wait p95 of a light
+tenant's first batch (one that arrives while its tenant has no other work), and slot-hours.
+Imported by ``scheduler_sim.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from llmbatch.core.autoscaling import ScaleState, damp, raw_desired_slots
+from llmbatch.core.fairshare import Usage
+from llmbatch.core.scheduling import QueuedShard, Shares, order_queue
+
+TICK = 60.0
+DAY = 86400.0
+SHARD_REQUESTS = 500
+THROUGHPUT = 2.0  # requests per second per seat
+DRAIN = {"expedited": 600, "standard": 43200, "flex": 172800}
+TENANTS = 50
+HEAVY_SHARE = 0.8
+#: Weights: tenant t1 has 3, t2 2, the others 1 (the heavy one, t0, included).
+WEIGHTS = {"t1": 3.0, "t2": 2.0}
+#: Tenants entitled to less than this many seat-seconds are left out of the largest deviation
+#: (a handful of shards: one tick of rounding is a large fraction of it).
+MIN_ENTITLED = 3600.0
+
+
+@dataclass
+class TBatch:
+    name: str
+    tenant: str
+    arrival: float
+    requests: int
+    shards_left: list[int] = field(default_factory=list)
+    running: int = 0
+    first_start: float | None = None
+    tenant_idle: bool = False
+    """Its tenant had no other work (waiting or running) when it arrived: its first batch."""
+
+
+def make_tenant_trace(seed: int, batches_per_hour: float) -> list[TBatch]:
+    rng = random.Random(seed + 5000)
+    light = [f"t{i}" for i in range(1, TENANTS)]
+    out, t, i = [], 0.0, 0
+    while True:
+        t += rng.expovariate(batches_per_hour / 3600)
+        if t >= DAY:
+            return out
+        tenant = "t0" if rng.random() < HEAVY_SHARE else rng.choice(light)
+        size = min(20_000, int(200 * rng.paretovariate(1.2)))
+        shards = math.ceil(size / SHARD_REQUESTS)
+        out.append(TBatch(f"b{i}", tenant, t, size, list(range(shards))))
+        i += 1
+
+
+def shard_seconds(batch: TBatch, index: int) -> float:
+    last = math.ceil(batch.requests / SHARD_REQUESTS) - 1
+    requests = batch.requests - SHARD_REQUESTS * last if index == last else SHARD_REQUESTS
+    return requests / THROUGHPUT
+
+
+def water_fill(demand: dict[str, int], weights: dict[str, float], seats: float) -> dict[str, float]:
+    """Weighted max-min fair split of ``seats`` among tenants each wanting ``demand``."""
+    share: dict[str, float] = {}
+    left, open_ = seats, {t for t, d in demand.items() if d > 0}
+    while open_ and left > 1e-9:
+        total = sum(weights.get(t, 1.0) for t in open_)
+        offer = {t: left * weights.get(t, 1.0) / total for t in open_}
+        full = {t for t in open_ if demand[t] - share.get(t, 0.0) <= offer[t]}
+        if not full:
+            for t in open_:
+                share[t] = share.get(t, 0.0) + offer[t]
+            break
+        for t in full:
+            give = demand[t] - share.get(t, 0.0)
+            share[t] = demand[t]
+            left -= give
+        open_ -= full
+    return share
+
+
+def _queue(order: str, waiting: list[TBatch], shares: Shares) -> list[tuple[TBatch, QueuedShard]]:
+    """The waiting shards in the order's order, with their batches. Ours: each batch under its
+    tenant (``<tenant>/<batch>``); per batch: every batch its own tenant (``<batch>/x``)."""
+    by_name = {b.name: b for b in waiting}
+    if order == "ours":
+        queued = order_queue(
+            (
+                QueuedShard(f"{b.tenant}/{b.name}", "standard", b.arrival, i)
+                for b in waiting
+                for i in b.shards_left
+            ),
+            shares,
+        )
+        return [(by_name[q.batch.split("/")[1]], q) for q in queued]
+    queued = order_queue(
+        QueuedShard(f"{b.name}/x", "standard", b.arrival, i) for b in waiting for i in b.shards_left
+    )
+    return [(by_name[q.tenant], q) for q in queued]
+
+
+@dataclass
+class Ledger:
+    """Per tenant: seat-seconds received and entitled to (weighted max-min fair split of the
+    seats in use among the tenants with work, at each tick)."""
+
+    weights: dict[str, float]
+    got: Counter[str] = field(default_factory=Counter)
+    entitled: Counter[str] = field(default_factory=Counter)
+
+    def tick(self, active: list[TBatch], runs: list[tuple[float, TBatch]]) -> None:
+        seats = Counter(b.tenant for _, b in runs)
+        demand = Counter({b.tenant: 0 for b in active})
+        for b in active:
+            demand[b.tenant] += len(b.shards_left) + b.running
+        weights = {t: self.weights.get(t, 1.0) for t in demand}
+        for tenant, share in water_fill(dict(demand), weights, sum(seats.values())).items():
+            self.entitled[tenant] += share * TICK
+        for tenant, n in seats.items():
+            self.got[tenant] += n * TICK
+
+
+def simulate_tenants(
+    trace: list[TBatch],
+    max_slots: int,
+    order: str,
+    half_life: float = 3600.0,
+    weights_of: dict[str, float] | None = None,
+    until: float | None = None,
+) -> dict[str, object]:
+    """``order``: "ours" (shares by tenant, usage decayed over ``half_life``) or "batches"
+    (today's round-robin across batches: every batch its own tenant)."""
+    ledger = Ledger(WEIGHTS if weights_of is None else weights_of)
+    batches = [TBatch(b.name, b.tenant, b.arrival, b.requests, list(b.shards_left)) for b in trace]
+    pending = sorted(batches, key=lambda b: b.arrival)
+    active: list[TBatch] = []
+    runs: list[tuple[float, TBatch]] = []
+    state = ScaleState(desired=0)
+    usage = Usage(half_life, 0.0)
+    provisioned = now = 0.0
+    while (now < DAY or any(b.shards_left or b.running for b in active) or pending) and (
+        until is None or now < until
+    ):
+        while pending and pending[0].arrival <= now:
+            batch = pending.pop(0)
+            batch.tenant_idle = all(b.tenant != batch.tenant for b in active)
+            active.append(batch)
+        for _, batch in (r for r in runs if r[0] <= now):
+            batch.running -= 1
+        runs = [r for r in runs if r[0] > now]
+        active = [b for b in active if b.shards_left or b.running]
+        backlog = dict.fromkeys(DRAIN, 0)
+        backlog["standard"] = sum((len(b.shards_left) + b.running) * SHARD_REQUESTS for b in active)
+        state = damp(state, raw_desired_slots(backlog, THROUGHPUT, DRAIN, 0, max_slots), now, 600)
+        held = Counter(b.tenant for _, b in runs)
+        usage = usage.advance(held, now)
+        weights = {t: ledger.weights.get(t, 1.0) for t in {b.tenant for b in active}}
+        shares = Shares(seats=held, weights=weights, usage=usage.seats())
+        waiting = [b for b in active if b.shards_left]
+        for batch, q in _queue(order, waiting, shares)[: max(0, state.desired - len(runs))]:
+            batch.shards_left.remove(q.shard_index)
+            batch.running += 1
+            if batch.first_start is None:
+                batch.first_start = now
+            runs.append((now + shard_seconds(batch, q.shard_index), batch))
+        ledger.tick(active, runs)
+        provisioned += max(state.desired, len(runs)) * TICK
+        now += TICK
+    light_waits = sorted(
+        b.first_start - b.arrival
+        for b in batches
+        if b.tenant != "t0" and b.tenant_idle and b.first_start is not None
+    )
+    return {
+        "got": ledger.got,
+        "entitled": ledger.entitled,
+        "light_wait_p95": light_waits[min(len(light_waits) - 1, int(0.95 * len(light_waits)))],
+        "slot_hours": provisioned / 3600,
+    }
+
+
+def backlogged_shares(max_slots: int, half_life: float) -> dict[str, float]:
+    """Three tenants with weights 1:1:2 and backlogs that last the whole day: each one's share
+    of the day's seat-seconds."""
+    trace = [
+        TBatch(f"{t}{i}", t, i, 40 * SHARD_REQUESTS, list(range(40)))
+        for t in ("x", "y", "z")
+        for i in range(80)
+    ]
+    got: Counter[str] = simulate_tenants(  # type: ignore[assignment]
+        trace, max_slots, "ours", half_life, {"z": 2.0}, until=DAY
+    )["got"]
+    total = sum(got.values())
+    return {t: got[t] / total for t in ("x", "y", "z")}
+
+
+def deviations(result: dict[str, object]) -> tuple[float, float]:
+    """(the largest |got/entitled - 1| among tenants entitled to MIN_ENTITLED or more, the total
+    variation Σ|got - entitled| / 2Σ entitled)."""
+    got: Counter[str] = result["got"]  # type: ignore[assignment]
+    entitled: Counter[str] = result["entitled"]  # type: ignore[assignment]
+    tenants = set(got) | set(entitled)
+    big = [abs(got[t] / entitled[t] - 1) for t in tenants if entitled[t] >= MIN_ENTITLED]
+    variation = sum(abs(got[t] - entitled[t]) for t in tenants) / (2 * sum(entitled.values()))
+    return max(big, default=0.0), variation
+
+
+def tenant_report(seeds: int, max_slots: int, batches_per_hour: float) -> None:
+    shard_minutes = SHARD_REQUESTS / THROUGHPUT / 60
+    print(
+        f"\ntenants: {TENANTS} tenants, t0 submits {HEAVY_SHARE:.0%} of ~{batches_per_hour:.0f} "
+        f"standard batches/h for a day (weights t1=3, t2=2, others 1), {max_slots} max slots, "
+        f"shard = {shard_minutes:.1f} min, median of {seeds} seeds"
+    )
+    rows: dict[str, list[tuple[float, float, float, float]]] = {}
+    for seed in range(seeds):
+        trace = make_tenant_trace(seed, batches_per_hour)
+        for label, order, half_life in (
+            ("ours (half-life 1 h)", "ours", 3600.0),
+            ("ours (half-life 0)", "ours", 0.0),
+            ("per-batch round-robin", "batches", 0.0),
+        ):
+            result = simulate_tenants(trace, max_slots, order, half_life)
+            worst, variation = deviations(result)
+            wait = float(result["light_wait_p95"])  # type: ignore[arg-type]
+            hours = float(result["slot_hours"])  # type: ignore[arg-type]
+            rows.setdefault(label, []).append((worst, variation, wait / 60, hours))
+    header = f"{'order':24} {'max dev':>8} {'tot var':>8} {'light p95 min':>14} {'slot-h':>8}"
+    print(header)
+    base = statistics.median(r[3] for r in rows["per-batch round-robin"])
+    for label, values in rows.items():
+        worst = statistics.median(v[0] for v in values)
+        variation = statistics.median(v[1] for v in values)
+        wait = statistics.median(v[2] for v in values)
+        hours = statistics.median(v[3] for v in values)
+        print(
+            f"{label:24} {worst:8.1%} {variation:8.1%} {wait:14.1f} {hours:8.1f}"
+            f"  (slot-h {hours / base - 1:+.1%})"
+        )
+    for half_life in (3600.0, 0.0):
+        shares = backlogged_shares(max_slots, half_life)
+        print(
+            f"3 tenants 1:1:2, backlogged all day, half-life {half_life:.0f} s: shares "
+            + ", ".join(f"{t} {v:.1%}" for t, v in shares.items())
+            + " (weights: 25 %, 25 %, 50 %)"
+        )
+    print(
+        f"targets: max dev <= 5 %, light p95 <= {shard_minutes:.1f} min, slot-hours within 2 % "
+        "(max dev: the largest share-of-seat-time deviation from the weighted max-min fair split "
+        f"among tenants entitled to >= {MIN_ENTITLED / 3600:.0f} seat-hour)"
+    )
