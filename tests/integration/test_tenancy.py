@@ -67,16 +67,16 @@ def test_a_private_deployment_is_its_tenants_only(
     assert entry["batch"]["gpu_hour_price"] == "2.40"
     rows = [line(1, model=model), line(2, model=model)]
     assert create(owner.client(), upload(owner.client(), jsonl(rows))).status == "validating"
-    # another tenant does not see it, and its batches for it are 404 model_not_found
+    # another tenant does not see it (404), and its batches for it are 400 model_not_found
     client = other.client()
     assert model not in model_ids(other)
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve(model)
     file_id = upload(client, jsonl(rows))  # the upload is checked line by line, and kept
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:
         create(client, file_id)
     assert (err.value.code, err.value.param) == ("model_not_found", "input_file_id")
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:
         inline(client, rows)
     assert (err.value.code, err.value.param) == ("model_not_found", "requests[0].body.model")
     assert client.batches.list().data == []  # nothing created
@@ -96,7 +96,7 @@ def test_a_label_selector_names_the_served_tenants(
     assert (entry["owned_by"], entry["batch"]["kind"]) == ("llmbatch", "catalog")
     assert model not in model_ids(outsider)
     assert inline(member.client(), [line(1, model=model)]).status == "validating"
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError):
         inline(outsider.client(), [line(1, model=model)])
 
 

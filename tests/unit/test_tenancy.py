@@ -129,16 +129,16 @@ def test_another_tenants_deployment_is_404_at_create_and_not_listed(
     assert fake_gateway.client.get("/v1/models", headers=auth(theirs)).json()["data"] == []
     resp = fake_gateway.client.get("/v1/models/llama", headers=auth(theirs))
     assert resp.status_code == 404
-    # an upload (validated line by line) is a file; the batch made of it is 404 model_not_found
+    # an upload (validated line by line) is a file; the batch made of it is 400 model_not_found
     file_id = upload(fake_gateway, theirs, jsonl(rows(2)))
     before = stored_keys(fake_gateway)
     resp = create(fake_gateway, theirs, file_id)
-    assert resp.status_code == 404, resp.text
+    assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["code"] == "model_not_found"
     assert resp.json()["error"]["param"] == "input_file_id"
     # inline: the same, naming the request; nothing is staged, no Batch created
     resp = create(fake_gateway, theirs, requests=rows(2))
-    assert resp.status_code == 404, resp.text
+    assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["code"] == "model_not_found"
     assert resp.json()["error"]["param"] == "requests[0].body.model"
     assert stored_keys(fake_gateway) == before
@@ -169,7 +169,7 @@ def test_a_label_selected_tenant_is_served_and_others_are_not(fake_gateway: Fake
         m["id"] for m in fake_gateway.client.get("/v1/models", headers=auth(mine)).json()["data"]
     ] == ["llama"]
     assert fake_gateway.client.get("/v1/models", headers=auth(theirs)).json()["data"] == []
-    assert create(fake_gateway, theirs, requests=rows(1)).status_code == 404
+    assert create(fake_gateway, theirs, requests=rows(1)).status_code == 400
     assert create(fake_gateway, mine, requests=rows(1)).status_code == 200
 
 

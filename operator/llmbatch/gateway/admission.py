@@ -65,7 +65,8 @@ def output_limit_required(
 def unserved_model_error(
     pools: list[dict[str, Any]], model: str | None, tenant: Tenant, param: str
 ) -> APIError | None:
-    """404 ``model_not_found`` for a model no pool serves to ``tenant``: none serves it at all,
+    """400 ``model_not_found`` (the wire contract's "unknown model" is a 400) for a model no
+    pool serves to ``tenant``: none serves it at all,
     or only pools of other tenants do (a private deployment) — one answer for both, so another
     tenant's model names stay as unknown as names nobody serves. None when the model is
     unknown here (not recorded on the file): validation then settles it."""
@@ -73,7 +74,7 @@ def unserved_model_error(
         return None
     shown = model if len(model) <= 128 else model[:128] + "..."
     return APIError(
-        404,
+        400,
         f"The model '{shown}' does not exist or you do not have access to it.",
         type="invalid_request_error",
         param=param,
