@@ -103,18 +103,29 @@ class _Proxy(BaseHTTPRequestHandler):
             self._conn = conn
         return conn
 
+    def _read_exactly(self, size: int) -> bytes:
+        data = self.rfile.read(size)
+        if len(data) != size:
+            # The client went away mid-body (a reset or stalled connection through Toxiproxy):
+            # never forward a cut body as if it were whole.
+            raise ConnectionError(f"request body cut at {len(data)} of {size} bytes")
+        return data
+
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             parts = []
             while True:
-                size = int(self.rfile.readline().split(b";", 1)[0], 16)
+                line = self.rfile.readline()
+                if not line:
+                    raise ConnectionError("request body cut in a chunk header")
+                size = int(line.split(b";", 1)[0], 16)
                 if size == 0:
                     while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                         pass  # trailers
                     return b"".join(parts)
-                parts.append(self.rfile.read(size))
+                parts.append(self._read_exactly(size))
                 self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        return self._read_exactly(int(self.headers.get("Content-Length") or 0))
 
     def _answer(
         self, status: int, reason: str, headers: list[tuple[str, str]], body: bytes
@@ -136,7 +147,11 @@ class _Proxy(BaseHTTPRequestHandler):
         self._answer(200, "OK", [("Content-Type", "application/json")], state)
 
     def _handle(self) -> None:
-        body = self._read_body()
+        try:
+            body = self._read_body()
+        except ConnectionError:
+            self.close_connection = True
+            return
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         if path == CONTROL_PATH:
             self._control(body)

@@ -6,12 +6,16 @@ burst answers exactly its count with the S3 error, then lets requests through ag
 from __future__ import annotations
 
 import hashlib
+import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import boto3
 import botocore.config
 import pytest
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from llmbatch.storage import ObjectExists, open_store
@@ -125,3 +129,31 @@ def test_the_stores_retries_outlive_a_short_burst(
     store.put("k", b"v")
     assert store.get("k") == b"v"
     assert s3_errors.plan(None) - before == 3
+
+
+def test_a_body_cut_by_the_client_is_never_forwarded(
+    s3_server: S3Server, s3_bucket: str, s3_errors: S3Errors
+) -> None:
+    """A client that goes away mid-body (Toxiproxy's resets and stalls do that) must not have
+    the proxy forward the part it got as a whole, shorter request: with an unsigned payload the
+    server could not tell."""
+    url = f"http://{s3_errors.address}/{s3_bucket}/cut"
+    request = AWSRequest(method="PUT", url=url)  # Content-Length unsigned, as botocore's
+    credentials = Credentials(s3_server.access_key_id, s3_server.secret_access_key)
+
+    class _Unsigned(S3SigV4Auth):
+        def payload(self, request: AWSRequest) -> str:
+            return "UNSIGNED-PAYLOAD"
+
+    _Unsigned(credentials, "s3", s3_server.region).add_auth(request)
+    host, port = s3_errors.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        head = "".join(
+            f"{k}: {v.decode() if isinstance(v, bytes) else v}\r\n"
+            for k, v in request.headers.items()
+        )
+        head += f"Host: {s3_errors.address}\r\nContent-Length: 100\r\n"
+        conn.sendall(f"PUT /{s3_bucket}/cut HTTP/1.1\r\n{head}\r\n".encode() + b"x" * 10)
+        conn.shutdown(socket.SHUT_WR)
+        assert conn.recv(1024) == b""  # closed without an answer
+    assert open_store(s3_server.uri(s3_bucket)).head("cut") is None
