@@ -45,6 +45,7 @@ _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te", "upgrade"}
 )
 _COPY_SIZE = 1 << 16
+_LOG_LOCK = threading.Lock()
 
 
 class ErrorPlan:
@@ -222,6 +223,15 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     upstream: str
     plan: ErrorPlan
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Resets and stalls are what Toxiproxy is there for: one line, not a traceback each.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            with _LOG_LOCK:
+                print(f"s3errors: {client_address[1]}: {type(exc).__name__}: {exc}", flush=True)
+            return
+        super().handle_error(request, client_address)
 
 
 class S3Errors:
