@@ -24,10 +24,13 @@ $(TOXIPROXY_BIN): $(TOXIPROXY_DIR)/go.mod $(TOXIPROXY_DIR)/go.sum
 
 TEST_PREREQS += toxiproxy
 
-faults: $(TEST_PREREQS)
+# $$(TEST_PREREQS): expanded when make runs, not here, so the prerequisites that the .mk files
+# read after this one append (the control plane, versitygw...) are built too.
+.SECONDEXPANSION:
+faults: $$(TEST_PREREQS)
 	$(BIN)/pytest tests/faults $(PYTEST_ARGS)
 
-soak: $(TEST_PREREQS)
+soak: $$(TEST_PREREQS)
 	LLMBATCH_FAULT_ITERATIONS=$(SOAK_ITERATIONS) LLMBATCH_CRASH_ITERATIONS=$(CRASH_SOAK_ITERATIONS) \
 		LLMBATCH_BLAST_ITERATIONS=$(BLAST_SOAK_ITERATIONS) $(BIN)/pytest tests/faults -x $(PYTEST_ARGS)
 
@@ -36,5 +39,5 @@ soak: $(TEST_PREREQS)
 #   LLMBATCH_CRASH_SEED=… LLMBATCH_CRASH_ITERATIONS=… LLMBATCH_CRASH_VICTIMS=… make crash-sweep
 CRASH_SWEEPS ?= tests/faults/test_devstack_sweep.py tests/faults/test_chart_sweep.py
 .PHONY: crash-sweep
-crash-sweep: $(TEST_PREREQS)
+crash-sweep: $$(TEST_PREREQS)
 	$(BIN)/pytest $(CRASH_SWEEPS) -s $(PYTEST_ARGS)

@@ -1,7 +1,8 @@
 """The stack the fault suite breaks: a real control plane, the operator and the gateway as their
-own processes, executor pods as local processes, all reaching a real S3 server (moto) through
-Toxiproxy. The suite runs in its own pytest session (``make faults``; ``make test`` runs it after
-the other tiers): its operator owns the cluster it starts.
+own processes, executor pods as local processes, all reaching a real S3 server (versitygw)
+through Toxiproxy (TCP faults) and the S3 error proxy (``s3errors``: S3 error answers). The
+suite runs in its own pytest session (``make faults``; ``make test`` runs it after the other
+tiers): its operator owns the cluster it starts.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 
 from llmbatch.storage import open_store
+from tests.faults.s3errors import S3Errors, running_s3_errors
 from tests.faults.toxiproxy import Toxiproxy, running_toxiproxy
 from tests.fixtures.cluster import kubectl
 from tests.fixtures.gateway import GatewayProcess, wait_for_key
 from tests.fixtures.operator import ROOT, WORKER_NAMESPACE, OperatorProcess, simulated_pool
+from tests.fixtures.ports import free_port
 from tests.fixtures.s3server import S3Server
 
 POOL = "faults-sim"
@@ -40,6 +42,8 @@ class FaultStack:
     toxiproxy: Toxiproxy
     proxy: str
     """Name of the Toxiproxy proxy in front of the S3 server."""
+    s3_errors: S3Errors
+    """The proxy between Toxiproxy and the S3 server that answers planned S3 errors."""
     operator: OperatorProcess
     gateway: GatewayProcess
     tenant: str
@@ -52,14 +56,8 @@ class FaultStack:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
 
     def store_faults(self, rules: list[dict[str, Any]] | None) -> int:
-        """Set (or with None clear) the S3 server's error plan; the faults answered so far."""
-        method = "DELETE" if rules is None else "POST"
-        data = None if rules is None else json.dumps({"rules": rules}).encode()
-        request = urllib.request.Request(
-            self.s3.endpoint_url + "/__llmbatch_faults__", data=data, method=method
-        )
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return int(json.loads(resp.read())["injected"])
+        """Set (or with None clear) the S3 error plan; the faults answered so far."""
+        return self.s3_errors.plan(rules)
 
     def assignments_of(self, uid: str) -> list[str]:
         """Assignment objects of the batch still in a slot channel of the pool (the store read
@@ -120,9 +118,12 @@ def fault_stack(
 ) -> Iterator[FaultStack]:
     logs = tmp_path_factory.mktemp("fault-logs")
     kubeconfig = pathlib.Path(dev_cluster.kubeconfig)
-    with running_toxiproxy(logs / "toxiproxy.log") as toxiproxy:
-        upstream = s3_server.endpoint_url.removeprefix("http://")
-        listen = toxiproxy.create_proxy("s3", upstream)
+    upstream = s3_server.endpoint_url.removeprefix("http://")
+    with (
+        running_s3_errors(free_port(), upstream, logs / "s3errors.log") as s3_errors,
+        running_toxiproxy(logs / "toxiproxy.log") as toxiproxy,
+    ):
+        listen = toxiproxy.create_proxy("s3", s3_errors.address)
         bucket = s3_server.create_bucket()
         # Short client timeouts so a stalled connection fails within the iteration; the
         # default retry budget of the store (5 attempts) stays.
@@ -157,7 +158,16 @@ def fault_stack(
         namespace, key = tenant(kubeconfig, GATEWAY_NAMESPACE)
         wait_for_key(gateway.base_url, key, accepted=True, timeout=60)
         stack = FaultStack(
-            str(kubeconfig), s3_server, bucket, toxiproxy, "s3", operator, gateway, namespace, key
+            str(kubeconfig),
+            s3_server,
+            bucket,
+            toxiproxy,
+            "s3",
+            s3_errors,
+            operator,
+            gateway,
+            namespace,
+            key,
         )
         try:
             yield stack

@@ -311,7 +311,13 @@ def test_install_guide_runs_as_written(
         },
         "first_batch.py": {"127.0.0.1:8000": f"127.0.0.1:{local}"},
     }
-    run_substitutions = {"8000:80": f"{local}:80", "127.0.0.1:8000": f"127.0.0.1:{local}"}
+    run_substitutions = {
+        "8000:80": f"{local}:80",
+        "127.0.0.1:8000": f"127.0.0.1:{local}",
+        # The guide's placeholder keys: the test server checks every request's signature.
+        "AWS_ACCESS_KEY_ID=AKIA...": f"AWS_ACCESS_KEY_ID={s3_server.access_key_id}",
+        "AWS_SECRET_ACCESS_KEY=...": f"AWS_SECRET_ACCESS_KEY={s3_server.secret_access_key}",
+    }
     workdir = tmp_path / "reader"
     workdir.mkdir()
     for name in ("charts", ".venv"):

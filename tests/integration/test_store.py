@@ -1,5 +1,6 @@
 """The ObjectStore contract, run against both backends (``store`` is parametrized), plus each
-backend's own guarantees. S3 runs against a real moto server process (tests/fixtures/s3server.py).
+backend's own guarantees. S3 runs against a real versitygw server process
+(tests/fixtures/s3server.py).
 """
 
 from __future__ import annotations
@@ -713,11 +714,25 @@ def test_s3_credentials_from_secret_dir_with_kubernetes_names(
 ) -> None:
     secret = tmp_path / "secret"
     secret.mkdir()
-    (secret / "accessKeyID").write_text("testing\n")
-    (secret / "secretAccessKey").write_text("testing\n")
+    (secret / "accessKeyID").write_text(s3_server.access_key_id + "\n")
+    (secret / "secretAccessKey").write_text(s3_server.secret_access_key + "\n")
     store = open_store(s3_server.uri(s3_bucket, secret_dir=str(secret)))
     store.put("k", b"v")
     assert store.get("k") == b"v"
+
+
+def test_s3_wrong_secret_is_a_store_error_and_writes_nothing(
+    s3_server: S3Server, s3_bucket: str, tmp_path: pathlib.Path
+) -> None:
+    """The server checks signatures: a wrong secret is refused, not written."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "AWS_ACCESS_KEY_ID").write_text(s3_server.access_key_id + "\n")
+    (secret / "AWS_SECRET_ACCESS_KEY").write_text("not-the-secret\n")
+    store = open_store(s3_server.uri(s3_bucket, secret_dir=str(secret)))
+    with pytest.raises(StoreError, match="SignatureDoesNotMatch"):
+        store.put("k", b"v")
+    assert open_store(s3_server.uri(s3_bucket)).head("k") is None
 
 
 class _FlakyBody:
@@ -849,6 +864,28 @@ def test_s3_source_deleted_during_compose(
         s3_store.compose("g/out", ["g/0", "g/1"])
     assert excinfo.value.key == "g/1"
     assert s3_store.head("g/out") is None
+    assert s3_store.client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads", []) == []
+
+
+def test_s3_large_source_replaced_during_compose_is_refused_by_the_copy_pin(
+    s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source copied server-side (``UploadPartCopy``) is pinned to the ETag seen when the
+    compose was planned: another writer's same-size rewrite in between is refused by the server
+    (``x-amz-copy-source-if-match``), not copied into the result."""
+    s3_store.put("r/0", _pattern(5 * MIB))
+    s3_store.put("r/1", _pattern(5 * MIB, 1))
+    original = s3_store.client.upload_part_copy
+
+    def copy(**kwargs: Any) -> Any:
+        if kwargs["PartNumber"] == 2:  # same size, other bytes: only the ETag tells
+            s3_store.put("r/1", _pattern(5 * MIB, 2))
+        return original(**kwargs)
+
+    monkeypatch.setattr(s3_store.client, "upload_part_copy", copy)
+    with pytest.raises(IntegrityError, match="changed"):
+        s3_store.compose("r/out", ["r/0", "r/1"])
+    assert s3_store.head("r/out") is None
     assert s3_store.client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads", []) == []
 
 
