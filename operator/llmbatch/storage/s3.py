@@ -1,4 +1,4 @@
-"""The object store on S3 or an S3-compatible service (Ceph RGW, versitygw — the tests' server —, ...) through boto3.
+"""The object store on S3 or an S3-compatible service (Ceph RGW, versitygw, ...) through boto3.
 
 - Puts stream: up to one part is buffered; data that fits one part is one ``PutObject`` (with
   Content-MD5), larger data a multipart upload that is aborted on any failure.
