@@ -408,23 +408,22 @@ class KubeClient:
 
     async def namespace_annotations(self, namespace: str) -> dict[str, str] | None:
         """The namespace's annotations; None when it does not exist."""
-        try:
-            ns = await self.call(self.core.read_namespace, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return dict(ns.metadata.annotations or {})
+        meta = await self._namespace_meta(namespace)
+        return None if meta is None else dict(meta.annotations or {})
 
     async def namespace_labels(self, namespace: str) -> dict[str, str] | None:
         """The namespace's labels; None when it does not exist."""
+        meta = await self._namespace_meta(namespace)
+        return None if meta is None else dict(meta.labels or {})
+
+    async def _namespace_meta(self, namespace: str) -> Any:
         try:
             ns = await self.call(self.core.read_namespace, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return dict(ns.metadata.labels or {})
+        return ns.metadata
 
     # --- events and secrets --------------------------------------------------------------------
 
