@@ -56,3 +56,9 @@ mv "$out.partial" "$out"
 size=$("${podman[@]}" image inspect --format '{{.Size}}' "$ref")
 echo "images: $name built in $built s, layout written in $(($(date +%s) - start)) s" \
      "($((size / 1000000)) MB unpacked, $(du -sm "$out" | cut -f1) MB in $out)"
+
+# The layout is the result: the image and its build stages leave podman's storage (the CPU
+# executor's would hold ~20 GB; its big step reruns whenever the package changes anyway). The
+# base stays for the next build.
+"${podman[@]}" rmi --force "$ref" >/dev/null
+"${podman[@]}" image prune --force >/dev/null
