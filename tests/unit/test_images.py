@@ -154,6 +154,16 @@ def _substitute(text: str, args: dict[str, str | None]) -> str:
     return _VAR.sub(repl, text)
 
 
+def _resolve(text: str, args: dict[str, str | None]) -> str:
+    """Substitute until nothing changes: an ARG default may name other ARGs
+    (``PYTHON_IMAGE=python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE}``)."""
+    for _ in range(len(args) + 1):
+        text, before = _substitute(text, args), text
+        if text == before:
+            break
+    return text
+
+
 def _line(item: dict[str, str]) -> str:
     return f"line {int(item['startline']) + 1}"
 
@@ -213,7 +223,7 @@ def _check_bases(parsed: ParsedDockerfile) -> list[str]:
     """Base images pinned by a tag other than latest, or by digest (ARG defaults applied)."""
     problems, names = [], set()
     for stage in parsed.stages:
-        ref = _substitute(stage.image, parsed.global_args)
+        ref = _resolve(stage.image, parsed.global_args)
         if ref not in names and ref != "scratch" and not _pinned(ref):
             problems.append(f"base image {stage.image!r} ({ref}) is not pinned by tag or digest")
         if stage.name:
