@@ -198,7 +198,7 @@ class SlotFleet:
             slot=slot,
             store=self.config.executor_store_uri,
             channel_prefix=prefix,
-            model=ModelRef(name=model.name, path=model.source),
+            model=ModelRef(name=model.name, path=model.source, revision=model.revision),
             engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
             # Unset in the pool: the slot sizes it from its loaded engine (heartbeat.concurrency).
             concurrency=pool.slot_concurrency,
