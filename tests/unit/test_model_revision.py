@@ -16,6 +16,7 @@ from llmbatch.core import keys
 from llmbatch.executor import revision
 from llmbatch.executor.engines.base import EngineConfigError
 from llmbatch.executor.engines.vllm import engine_argv, pinned_weights
+from llmbatch.storage.slotchannel import SlotChannel
 from tests.fixtures.builders import MODEL, TENANT, make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
 
@@ -150,3 +151,58 @@ def test_a_pool_without_a_revision_pins_none(tmp_path: pathlib.Path) -> None:
     h.kube.add("batches", make_batch(name, input_file_id="file-" + "3" * 32))
     assert "modelRevision" not in h.step_until(name, "in_progress")
     assert not any("revision" in message for _, _, message in h.events)
+
+
+def _slot_model(h: ReconcilerHarness, job: dict[str, object]) -> tuple[str, str | None]:
+    name = job["metadata"]["name"]  # type: ignore[index]
+    spec = SlotSpec.model_validate_json(
+        h.store.get(f"{keys.slot_prefix('pool-a', name)}/spec.json")
+    )
+    return spec.model.name, spec.model.revision
+
+
+def test_a_revision_edit_keeps_a_slot_of_the_old_one_for_the_batches_pinned_to_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The pool moves its model from v1 to v2 while a batch pinned to v1 runs: the v1 slot is
+    not retired (the edit changed nothing else), it keeps taking that batch's shards and no
+    other; the batch accepted after the edit starts a slot of v2; both complete, each from one
+    revision."""
+    h = ReconcilerHarness(tmp_path)
+    pool = make_pool(scaleDownCooldownSeconds=0, maxSlots=2, slotConcurrency=1)
+    pool["spec"]["models"][0]["revision"] = "v1"
+    h.kube.add("batchpools", pool)
+    first = "batch-" + "s" * 24
+    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "4" * 32, 4))
+    h.kube.add("batches", make_batch(first, input_file_id="file-" + "4" * 32))
+    h.step_until(first, "in_progress")
+    h.pool_round()
+    (old,) = h.jobs()
+    assert _slot_model(h, old) == (MODEL, "v1")
+    edited = h.kube.get("batchpools", None, "pool-a")
+    assert edited is not None
+    edited["spec"]["models"][0]["revision"] = "v2"
+    h.pool_round()
+    assert "SlotOutdated" not in h.reasons()
+    second = "batch-" + "t" * 24
+    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "5" * 32, 2))
+    h.kube.add("batches", make_batch(second, input_file_id="file-" + "5" * 32))
+    h.step_until(second, "in_progress")
+    ran: dict[str, tuple[str, str | None]] = {}  # work key -> the model its slot served
+    for _ in range(8):
+        h.pool_round()
+        for job in h.live_slots():
+            prefix = keys.slot_prefix("pool-a", job["metadata"]["name"])
+            for key in SlotChannel(h.store, prefix).assignments():
+                ran[key] = _slot_model(h, job)
+            h.run_slot(job)
+        h.pool_round()
+        for name in (first, second):
+            h.step(name)
+    served: dict[str, set[tuple[str, str | None]]] = {}
+    for name in (first, second):
+        assert h.status(name)["status"] == "completed"
+        uid = h.batch(name)["metadata"]["uid"]
+        served[name] = {model for key, model in ran.items() if uid in key}
+    # the batch pinned to v1 ran on v1 slots only (a new one after the edit, too), the later on v2
+    assert served == {first: {(MODEL, "v1")}, second: {(MODEL, "v2")}}
