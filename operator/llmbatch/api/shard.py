@@ -36,6 +36,12 @@ class ModelRef(BaseModel):
     aliases: list[str] = Field(
         default_factory=list, description="Further names requests may use for the same model."
     )
+    revision: str | None = Field(
+        default=None,
+        description="The pinned revision of the weights (a ref or commit of a Hugging Face cache "
+        "repository at `path`, or what its REVISION file declares); the slot does not start on "
+        "other weights (executor/revision.py).",
+    )
 
 
 class EngineSpec(BaseModel):

@@ -191,16 +191,23 @@ def build_slot_job(
     }
 
 
-def slot_revision(config: OperatorConfig, pool: BatchPoolSpec, model_name: str) -> str | None:
+def slot_revision(
+    config: OperatorConfig, pool: BatchPoolSpec, model_name: str, pinned: str | None = None
+) -> str | None:
     """A digest of everything that shapes a slot of ``model_name`` (its pod template, its
     model, engine, concurrency and idle time), or None when the pool no longer serves the model.
+    ``pinned``: the model revision the slot serves, when not the pool's current one.
 
     The scheduler stamps it on each slot Job; a slot whose stamp differs from its pool's current
-    one was started before an edit, takes no new shard and drains (``docs/pools.md``).
+    one was started before an edit, takes no new shard and drains (``docs/pools.md``). An edit
+    of a model's revision alone leaves a slot pinned to the old one current for the batches
+    pinned to it.
     """
     model = next((m for m in pool.models if m.name == model_name), None)
     if model is None:
         return None
+    if pinned is not None:
+        model = model.model_copy(update={"revision": pinned})
     job = build_slot_job(config=config, pool_name="", pool=pool, slot="", spec_key="")
     shape = {
         "template": job["spec"]["template"],
@@ -212,3 +219,19 @@ def slot_revision(config: OperatorConfig, pool: BatchPoolSpec, model_name: str) 
     }
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
     return digest[:16]
+
+
+class SlotShapes:
+    """:func:`slot_revision` of a pool's models, each (model, pinned revision) computed once a
+    round rather than once a slot."""
+
+    def __init__(self, config: OperatorConfig, pool: BatchPoolSpec) -> None:
+        self.config = config
+        self.pool = pool
+        self._digests: dict[tuple[str, str | None], str | None] = {}
+
+    def of(self, model_name: str, pinned: str | None) -> str | None:
+        key = (model_name, pinned)
+        if key not in self._digests:
+            self._digests[key] = slot_revision(self.config, self.pool, model_name, pinned)
+        return self._digests[key]

@@ -31,6 +31,8 @@ from llmbatch.storage.slotchannel import clear_pool_channels
 
 ANNOTATION_MODEL = "llmbatch.io/model"
 ANNOTATION_REVISION = "llmbatch.io/slot-revision"
+#: The model revision a slot serves: the one its shards' batches pinned ("": unpinned).
+ANNOTATION_MODEL_REVISION = "llmbatch.io/model-revision"
 API_GROUP_VERSION = "llmbatch.io/v1alpha1"
 
 Assign = Callable[[str, str, Work, float], Awaitable[None]]
@@ -191,14 +193,18 @@ class SlotFleet:
         its shards, or ``model_name`` for an empty one)."""
         slot = new_slot_name(pool_name)
         prefix = keys.slot_prefix(pool_name, slot)
-        model_name = group[0].queued.model if group else model_name
+        queued = group[0].queued if group else None
+        model_name = queued.model_name if queued else model_name
         model = next((m for m in pool.models if m.name == model_name), pool.models[0])
+        # The revision its shards pinned; an empty slot serves the pool's current one (what new
+        # batches pin). Unpinned work (accepted before revisions were recorded): the current.
+        pinned = queued.revision if queued else model.revision
         spec = SlotSpec(
             pool=pool_name,
             slot=slot,
             store=self.config.executor_store_uri,
             channel_prefix=prefix,
-            model=ModelRef(name=model.name, path=model.source),
+            model=ModelRef(name=model.name, path=model.source, revision=pinned or model.revision),
             engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
             # Unset in the pool: the slot sizes it from its loaded engine (heartbeat.concurrency).
             concurrency=pool.slot_concurrency,
@@ -215,7 +221,8 @@ class SlotFleet:
         )
         job["metadata"]["annotations"] = {
             ANNOTATION_MODEL: model.name,
-            ANNOTATION_REVISION: slot_revision(self.config, pool, model.name) or "",
+            ANNOTATION_MODEL_REVISION: pinned or "",
+            ANNOTATION_REVISION: slot_revision(self.config, pool, model.name, pinned) or "",
         }
         if pool_uid:
             job["metadata"]["ownerReferences"] = [

@@ -16,7 +16,14 @@ from llmbatch.api.resources.pool import FairSharing
 from llmbatch.api.slot import Assignment, SlotHeartbeat
 from llmbatch.controller.jobs import engine_args
 from llmbatch.core import keys, tiers
-from llmbatch.core.scheduling import MAX_WEIGHT, MIN_WEIGHT, Guarantee, QueuedShard, Shares
+from llmbatch.core.scheduling import (
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    Guarantee,
+    QueuedShard,
+    Shares,
+    serving_key,
+)
 from llmbatch.core.slots import SlotView
 from llmbatch.core.workqueue import Priority
 from llmbatch.storage.slotchannel import SlotChannel
@@ -192,7 +199,8 @@ def pool_work(pool_name: str, batches: list[dict[str, Any]]) -> dict[str, Work]:
                 created_at=float(status.get("createdAt") or 0),
                 shard_index=index,
                 requests=int(shard.get("requestCount") or 0),
-                model=str(status.get("model") or ""),
+                model=serving_key(str(status.get("model") or ""), status.get("modelRevision")),
+                revision=status.get("modelRevision"),
             )
             key = work_key(uid, index)
             found[key] = Work(

@@ -20,12 +20,18 @@ from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.api.slot import Assignment, SlotHeartbeat
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import LABEL_SLOT, slot_revision
+from llmbatch.controller.jobs import LABEL_SLOT, SlotShapes
 from llmbatch.controller.kube import Kube
-from llmbatch.controller.slotfleet import ANNOTATION_MODEL, ANNOTATION_REVISION, SlotFleet
+from llmbatch.controller.slotfleet import (
+    ANNOTATION_MODEL,
+    ANNOTATION_MODEL_REVISION,
+    ANNOTATION_REVISION,
+    SlotFleet,
+)
 from llmbatch.controller.slotstate import ObservedSlot, SlotRound, job_ended, pod_not_starting
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_object_name
+from llmbatch.core.scheduling import serving_key
 from llmbatch.core.slots import Liveness
 from llmbatch.core.workqueue import Priority
 from llmbatch.storage.base import ObjectStore
@@ -95,7 +101,7 @@ class SlotObserver:
         await self.fleet.sweep_orphans(name, {job["metadata"]["name"] for job in listed}, now)
         jobs = [job for job in listed if not job["metadata"].get("deletionTimestamp")]
         # What a slot of each model looks like now: computed once a round, not once a slot.
-        revisions = {m.name: slot_revision(self.config, pool, m.name) for m in pool.models}
+        revisions = SlotShapes(self.config, pool)
         channels = [
             SlotChannel(self.store, keys.slot_prefix(name, job["metadata"]["name"])) for job in jobs
         ]
@@ -128,7 +134,7 @@ class SlotObserver:
     def _observe(
         self,
         pool_name: str,
-        revisions: dict[str, str | None],
+        revisions: SlotShapes,
         job: dict[str, Any],
         channel: SlotChannel,
         reading: HeartbeatReading,
@@ -160,16 +166,17 @@ class SlotObserver:
             result.events.append(("Warning", "SlotNotStarted", f"Removed slot {name}: {lost}"))
         annotations = job["metadata"].get("annotations") or {}
         model = annotations.get(ANNOTATION_MODEL, "")
+        pinned = annotations.get(ANNOTATION_MODEL_REVISION) or None
         return ObservedSlot(
             name,
             pool_name,
-            model,
+            serving_key(model, pinned),
             channel,
             heartbeat,
             assignments,
             lost,
             exited,
-            outdated=annotations.get(ANNOTATION_REVISION) != revisions.get(model),
+            outdated=annotations.get(ANNOTATION_REVISION) != revisions.of(model, pinned),
             draining=name in self.fleet.draining,
             unreadable=heartbeat is None and reading.problem is not None,
         )

@@ -45,6 +45,13 @@ def tenant_weight(annotations: Mapping[str, str] | None) -> float:
     return min(MAX_WEIGHT, max(MIN_WEIGHT, weight))
 
 
+def serving_key(model: str, revision: str | None) -> str:
+    """What a slot serves and a shard needs: the model, and the revision pinned if any
+    (``name@revision``). Slots and shards match on it, so a batch pinned to one revision never
+    runs on a slot of another (seed 000: "submission pins the model revision")."""
+    return f"{model}@{revision}" if revision else model
+
+
 @dataclass(frozen=True)
 class QueuedShard:
     """A shard waiting for a slot."""
@@ -56,12 +63,20 @@ class QueuedShard:
     shard_index: int
     requests: int = 0
     model: str = ""
-    """The model its batch uses (a slot serves one model)."""
+    """What a slot must serve to run it: its batch's model and pinned revision
+    (:func:`serving_key`; a slot serves one)."""
+    revision: str | None = None
+    """The model revision its batch pinned at acceptance (None: the pool's current one)."""
 
     @property
     def tenant(self) -> str:
         """The tenant: the batch's namespace."""
         return self.batch.partition("/")[0]
+
+    @property
+    def model_name(self) -> str:
+        """The model's name alone (``model`` without the pinned revision)."""
+        return self.model.removesuffix(f"@{self.revision}") if self.revision else self.model
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,9 @@ class BatchStatus(CRModel):
     """OpenAI status: validating, in_progress, finalizing, completed, failed, expired, ..."""
     model: ShortText | None = None
     """The model every request uses, settled by validation."""
+    model_revision: ShortText | None = None
+    """The revision of the model's weights pinned at acceptance (the pool model's ``revision``
+    then); every shard of the batch runs it. None when the pool pinned none."""
     pool: DNSName | None = None
     """The BatchPool running the batch."""
     worker_namespace: DNSName | None = None

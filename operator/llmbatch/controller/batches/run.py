@@ -119,7 +119,13 @@ class ShardRuns(PhaseDeps):
             end=shard.end,
             first_line=shard.first_line,
             output_prefix=keys.shard_prefix(batch.namespace, batch.uid, shard.index),
-            model=ModelRef(name=model.name, path=model.source),
+            # The revision pinned at acceptance, not the pool's current one (batches accepted
+            # before revisions were recorded: the pool's).
+            model=ModelRef(
+                name=model.name,
+                path=model.source,
+                revision=batch.status.model_revision or model.revision,
+            ),
             engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
             flush_lines=pool.executor.flush_lines,
             flush_seconds=pool.executor.flush_seconds,

@@ -159,9 +159,11 @@ class Validation:
         pricing: Pricing,
     ) -> None:
         name, spec, _ = pool
+        revision = next((m.revision for m in spec.models if m.name == verdict.model), None)
         step.set(
             billing=charges,
             model=verdict.model,
+            model_revision=revision,
             pool=name,
             worker_namespace=spec.worker_namespace,
             gpus_per_slot=spec.gpus_per_slot,
@@ -187,7 +189,8 @@ class Validation:
             Phase.IN_PROGRESS,
             now,
             "Validated",
-            f"{verdict.request_count} requests for {verdict.model} in {len(verdict.shards)} "
+            f"{verdict.request_count} requests for {verdict.model}"
+            f"{f' (revision {revision})' if revision else ''} in {len(verdict.shards)} "
             f"shards on pool {name}",
         )
 

@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from llmbatch.api.shard import ModelRef
+from llmbatch.executor import revision
 from llmbatch.executor.engines import vllmcore
 from llmbatch.executor.engines.base import (
     Engine,
@@ -104,6 +105,26 @@ def engine_argv(model: ModelRef, served_names: list[str], args: dict[str, Any]) 
     return argv
 
 
+def pinned_weights(model: ModelRef) -> ModelRef:
+    """``model`` with ``path`` the folder of its pinned revision (executor/revision.py); an
+    :class:`EngineConfigError` when the weights there are another revision."""
+    try:
+        weights = revision.resolve(model.path, model.revision)
+    except revision.RevisionMismatch as exc:
+        raise EngineConfigError(str(exc)) from exc
+    if model.revision is not None and not weights.verified:
+        log.warning(
+            "model folder %s declares no revision (no %s file, not a Hugging Face cache): "
+            "revision %r is served unchecked",
+            weights.folder,
+            revision.MARKER,
+            model.revision,
+        )
+    else:
+        log.info("model %s: weights %s (revision %s)", model.name, weights.folder, weights.revision)
+    return model.model_copy(update={"path": str(weights.folder), "revision": weights.revision})
+
+
 def response_id(request_id: str) -> str:
     """The ``id`` of a ``/v1/responses`` answer: ``resp_`` and the line's own digest, so a re-run
     of the line answers with the same id (the other endpoints' ids derive from it too)."""
@@ -152,9 +173,10 @@ class VllmEngine(Engine):
     async def start(self) -> None:
         if not Path(self.model.path).exists():
             raise EngineConfigError(f"model path not found: {self.model.path}")
+        weights = pinned_weights(self.model)
         for key, value in {**COMMON_ENV, **(CPU_ENV if self.cpu else {})}.items():
             os.environ.setdefault(key, value)
-        argv = engine_argv(self.model, self.served_names, self.args)
+        argv = engine_argv(weights, self.served_names, self.args)
         log.info("starting vLLM: %s", " ".join(argv))
         # on CPU, the engine core's import runs in a forkserver while we import the rest
         core_server = self.cpu and vllmcore.enabled() and vllmcore.start_server()
