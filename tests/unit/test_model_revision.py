@@ -95,16 +95,35 @@ def test_the_engine_loads_the_pinned_snapshot_and_refuses_other_weights(
     assert "served unchecked" in caplog.text
 
 
-def test_the_pools_revision_is_in_the_slot_spec(tmp_path: pathlib.Path) -> None:
+def pool_harness(tmp_path: pathlib.Path, revision: str | None, **spec: object) -> ReconcilerHarness:
+    """The reconciler harness with pool-a serving MODEL at ``revision`` (None: unpinned)."""
     h = ReconcilerHarness(tmp_path)
-    pool = make_pool(scaleDownCooldownSeconds=0)
-    pool["spec"]["models"][0]["revision"] = "v1"
+    pool = make_pool(scaleDownCooldownSeconds=0, **spec)
+    if revision is not None:
+        pool["spec"]["models"][0]["revision"] = revision
     h.kube.add("batchpools", pool)
-    name = "batch-" + "r" * 24
-    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "0" * 32, 2))
-    h.kube.add("batches", make_batch(name, input_file_id="file-" + "0" * 32))
-    h.step_until(name, "in_progress")
-    h.step(name)
+    return h
+
+
+def set_revision(h: ReconcilerHarness, revision: str) -> None:
+    """`kubectl edit batchpool pool-a`: the model's revision moves on, nothing else."""
+    pool = h.kube.get("batchpools", None, "pool-a")
+    assert pool is not None
+    pool["spec"]["models"][0]["revision"] = revision
+
+
+def submit(h: ReconcilerHarness, name: str, digit: str, requests: int) -> dict[str, object]:
+    """Create batch ``batch-`` + ``name`` * 24 of ``requests`` lines; its status once accepted."""
+    batch, file_id = "batch-" + name * 24, "file-" + digit * 32
+    h.kube.add("batchfiles", make_input_file(h.store, file_id, requests))
+    h.kube.add("batches", make_batch(batch, input_file_id=file_id))
+    return h.step_until(batch, "in_progress")
+
+
+def test_the_pools_revision_is_in_the_slot_spec(tmp_path: pathlib.Path) -> None:
+    h = pool_harness(tmp_path, "v1")
+    submit(h, "r", "0", 2)
+    h.step("batch-" + "r" * 24)
     h.pool_round()
     (job,) = h.jobs()
     spec_key = f"{keys.slot_prefix('pool-a', job['metadata']['name'])}/spec.json"
@@ -115,20 +134,13 @@ def test_the_pools_revision_is_in_the_slot_spec(tmp_path: pathlib.Path) -> None:
 def test_acceptance_pins_the_revision_and_every_shard_runs_it_across_a_pool_edit(
     tmp_path: pathlib.Path,
 ) -> None:
-    h = ReconcilerHarness(tmp_path)
-    pool = make_pool(scaleDownCooldownSeconds=0, shardRequests=2)
-    pool["spec"]["models"][0]["revision"] = "v1"
-    h.kube.add("batchpools", pool)
+    h = pool_harness(tmp_path, "v1", shardRequests=2)
     name = "batch-" + "p" * 24
-    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "1" * 32, 6))
-    h.kube.add("batches", make_batch(name, input_file_id="file-" + "1" * 32))
-    status = h.step_until(name, "in_progress")
+    status = submit(h, "p", "1", 6)
     assert status["modelRevision"] == "v1"
     assert any("(revision v1)" in message for _, _, message in h.events)
     # `kubectl edit batchpool`: the model's revision moves on; the shards keep the pinned one
-    edited = h.kube.get("batchpools", None, "pool-a")
-    assert edited is not None
-    edited["spec"]["models"][0]["revision"] = "v2"
+    set_revision(h, "v2")
     h.step(name)
     uid = h.batch(name)["metadata"]["uid"]
     pinned = [
@@ -137,19 +149,12 @@ def test_acceptance_pins_the_revision_and_every_shard_runs_it_across_a_pool_edit
     ]
     assert [m.revision for m in pinned] == ["v1"] * 3
     # a batch accepted after the edit gets the new revision
-    later = "batch-" + "q" * 24
-    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "2" * 32, 2))
-    h.kube.add("batches", make_batch(later, input_file_id="file-" + "2" * 32))
-    assert h.step_until(later, "in_progress")["modelRevision"] == "v2"
+    assert submit(h, "q", "2", 2)["modelRevision"] == "v2"
 
 
 def test_a_pool_without_a_revision_pins_none(tmp_path: pathlib.Path) -> None:
-    h = ReconcilerHarness(tmp_path)
-    h.kube.add("batchpools", make_pool(scaleDownCooldownSeconds=0))
-    name = "batch-" + "n" * 24
-    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "3" * 32, 2))
-    h.kube.add("batches", make_batch(name, input_file_id="file-" + "3" * 32))
-    assert "modelRevision" not in h.step_until(name, "in_progress")
+    h = pool_harness(tmp_path, None)
+    assert "modelRevision" not in submit(h, "n", "3", 2)
     assert not any("revision" in message for _, _, message in h.events)
 
 
@@ -168,26 +173,16 @@ def test_a_revision_edit_keeps_a_slot_of_the_old_one_for_the_batches_pinned_to_i
     not retired (the edit changed nothing else), it keeps taking that batch's shards and no
     other; the batch accepted after the edit starts a slot of v2; both complete, each from one
     revision."""
-    h = ReconcilerHarness(tmp_path)
-    pool = make_pool(scaleDownCooldownSeconds=0, maxSlots=2, slotConcurrency=1)
-    pool["spec"]["models"][0]["revision"] = "v1"
-    h.kube.add("batchpools", pool)
-    first = "batch-" + "s" * 24
-    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "4" * 32, 4))
-    h.kube.add("batches", make_batch(first, input_file_id="file-" + "4" * 32))
-    h.step_until(first, "in_progress")
+    h = pool_harness(tmp_path, "v1", maxSlots=2, slotConcurrency=1)
+    first, second = "batch-" + "s" * 24, "batch-" + "t" * 24
+    submit(h, "s", "4", 4)
     h.pool_round()
     (old,) = h.jobs()
     assert _slot_model(h, old) == (MODEL, "v1")
-    edited = h.kube.get("batchpools", None, "pool-a")
-    assert edited is not None
-    edited["spec"]["models"][0]["revision"] = "v2"
+    set_revision(h, "v2")
     h.pool_round()
     assert "SlotOutdated" not in h.reasons()
-    second = "batch-" + "t" * 24
-    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "5" * 32, 2))
-    h.kube.add("batches", make_batch(second, input_file_id="file-" + "5" * 32))
-    h.step_until(second, "in_progress")
+    submit(h, "t", "5", 2)
     ran: dict[str, tuple[str, str | None]] = {}  # work key -> the model its slot served
     for _ in range(8):
         h.pool_round()
