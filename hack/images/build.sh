@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 name=$1 base_tar=$2 out=$3
 shift 3
-storage=${IMAGES_STORAGE:?}
+storage=$(realpath -m "${IMAGES_STORAGE:?}")
 version=${LLMBATCH_VERSION:?}
 # runc: crun fails on cgroup v1 hosts; cgroupfs: no systemd; podman wants more open files than
 # the default soft limit for its layer copies.
@@ -20,6 +20,29 @@ ulimit -n 4096
 podman=(podman --root "$storage" --runroot "$storage.run" --runtime runc
         --cgroup-manager cgroupfs --events-backend file --storage-driver overlay)
 ref=localhost/llm-batch-$name:$version
+
+# Free space first: a build that fills the disk fails late with a podman error far from the cause.
+# The CPU executor's build peaks at about 19 GB above what it leaves (measured; docs/images.md
+# "Disk"): its storage copy of the 7.5 GB image and the layout being written, plus the steps'
+# commits. The small images need well under 2 GB.
+need_gb=$([ "$name" = executor-cpu ] && echo 20 || echo 2)
+mkdir -p "$storage" "$(dirname "$out")"
+for dir in "$storage" "$(dirname "$out")"; do
+    free_gb=$(($(df --output=avail -B1 "$dir" | tail -1) / 1000000000))
+    if [ "$free_gb" -lt "$need_gb" ]; then
+        echo "images: building $name needs about $need_gb GB free on the disk of $dir; it has" \
+             "$free_gb GB. Free some (or point CACHE at a larger disk) and run make again." >&2
+        exit 1
+    fi
+done
+
+# The storage is a cache that keeps only the imported base between builds. Podman records its
+# own path in it, so a storage reached by another path (a moved or symlinked checkout) refuses
+# every command: it is dropped and the base imported again (seconds).
+if [ -d "$storage" ] && ! "${podman[@]}" image ls --quiet >/dev/null 2>&1; then
+    echo "images: podman storage $storage unusable here ($("${podman[@]}" image ls 2>&1 | head -1)); starting it afresh"
+    rm -rf "$storage" "$storage.run"
+fi
 
 # The base is imported once per tarball: its tag names the tarball's digest.
 base_ref=localhost/llmbatch-python-base:bookworm-$(sha256sum "$base_tar" | cut -c1-12)

@@ -3,8 +3,9 @@ restricted pod runs them: read-only root, their own numeric non-root user, every
 dropped, no new privileges, memory/pids/CPU limits.
 
 * the gateway image answers /healthz and takes a Files upload against the control plane;
-* the operator image starts against the control plane and reconciles a Batch (its shard pods
-  are the node agent's local processes, which run from the checkout: docs/devcluster.md);
+* the operator image starts against the control plane and reconciles a Batch, its store on the
+  real S3 server (its shard pods are the node agent's local processes, which run from the
+  checkout: docs/devcluster.md);
 * the CPU executor image runs a shard with vLLM and SmolLM2 from the store and commits its
   results;
 * each image's hygiene: user, labels, no test/dev dependencies, no .git or caches; sizes printed.
@@ -34,13 +35,14 @@ import pytest
 from llmbatch.core.keys import file_key
 from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes
 from llmbatch.executor.exitcodes import ExitCode
-from llmbatch.storage import FilesystemStore
+from llmbatch.storage import FilesystemStore, open_store
 from llmbatch.storage.shardresults import list_chunks, read_progress
 from tests.fixtures.cluster import Kube, kubectl, start_cluster
 from tests.fixtures.gateway import wait_for_key
 from tests.fixtures.images import Bind, Container, Limits, OciImage, project_version
 from tests.fixtures.operator import WORKER_NAMESPACE, simulated_pool
 from tests.fixtures.ports import free_port
+from tests.fixtures.s3server import S3Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -323,10 +325,14 @@ def test_operator_image_reconciles_a_batch(
     oci_image: Callable[[str], OciImage],
     run_container: Callable[..., Container],
     image_cluster: DevCluster,
+    s3_server: S3Server,
     tmp_path: pathlib.Path,
 ) -> None:
+    """The operator image against the real S3 server (versitygw). Not a shared directory: the
+    filesystem store writes 0600 and the node agent's slot processes here run as root, where a
+    cluster would run every pod sharing a volume as the same user."""
     image = oci_image("operator")
-    store = _store_dir(tmp_path)
+    store_uri = s3_server.uri(s3_server.create_bucket(), prefix="llmbatch")
     kubectl(image_cluster.kubeconfig, "create", "namespace", WORKER_NAMESPACE)
     kubeconfig = _kubeconfig(image_cluster, tmp_path)
     liveness, metrics = free_port(), free_port()
@@ -339,14 +345,14 @@ def test_operator_image_reconciles_a_batch(
         ),
         env={
             "KUBECONFIG": str(kubeconfig),
-            "LLMBATCH_STORE_URI": f"file://{store}",
+            "LLMBATCH_STORE_URI": store_uri,
             "LLMBATCH_RECONCILE_INTERVAL": "1",
             "LLMBATCH_PROGRESS_INTERVAL": "1",
             "LLMBATCH_SLOT_HEARTBEAT_SECONDS": "1",
             "LLMBATCH_SLOT_POLL_SECONDS": "0.5",
             "LLMBATCH_METRICS_PORT": str(metrics),
         },
-        binds=[Bind(kubeconfig.parent), Bind(store, writable=True)],
+        binds=[Bind(kubeconfig.parent), Bind(s3_server.secret_dir)],
         limits=limits,
     )  # fmt: skip
     _wait_http(f"http://127.0.0.1:{liveness}/healthz", container, timeout=120)
@@ -394,7 +400,7 @@ def test_operator_image_reconciles_a_batch(
             print(container.logs())
     assert status["status"] == "completed", (status, container.logs())
     assert len(status["shards"]) == 2
-    output = FilesystemStore(store).get(file_key(kube.namespace, status["outputFileID"]))
+    output = open_store(store_uri).get(file_key(kube.namespace, status["outputFileID"]))
     ids = sorted(orjson.loads(line)["custom_id"] for line in output.splitlines())
     assert ids == sorted(f"req-{i}" for i in range(10))
     assert container.exited() is None, container.logs()
