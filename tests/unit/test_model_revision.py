@@ -201,3 +201,53 @@ def test_a_revision_edit_keeps_a_slot_of_the_old_one_for_the_batches_pinned_to_i
         served[name] = {model for key, model in ran.items() if uid in key}
     # the batch pinned to v1 ran on v1 slots only (a new one after the edit, too), the later on v2
     assert served == {first: {(MODEL, "v1")}, second: {(MODEL, "v2")}}
+
+
+def test_a_model_removed_from_the_pool_ends_its_waiting_shards_with_an_error_line_each(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A batch pinned to MODEL@v1 has run one of its three shards when MODEL is removed from
+    the pool: the shards still waiting are given up at the next round (no slot of another model
+    runs them), the batch completes with the first shard's results and a shard_failed line
+    naming the removal for each unrun request, and only the run requests count as used."""
+    h = ReconcilerHarness(tmp_path)
+    pool = make_pool(
+        models=(MODEL, "other"),
+        scaleDownCooldownSeconds=0,
+        maxSlots=1,
+        slotConcurrency=1,
+        slotQueue=0,
+    )
+    pool["spec"]["models"][0]["revision"] = "v1"
+    h.kube.add("batchpools", pool)
+    name = "batch-" + "g" * 24
+    submit(h, "g", "6", 6)
+    h.step(name)
+    h.pool_round()
+    (job,) = h.jobs()
+    h.run_slot(job, only={0})
+    edited = h.kube.get("batchpools", None, "pool-a")  # `kubectl edit batchpool`
+    assert edited is not None
+    edited["spec"]["models"] = [m for m in edited["spec"]["models"] if m["name"] != MODEL]
+    for _ in range(4):
+        h.pool_round()
+        for slot in h.live_slots():
+            assert _slot_model(h, slot) == (MODEL, "v1")  # only the slot started before
+            h.run_slot(slot)
+        h.step(name)
+    status = h.step_until(name, "completed")
+    assert status["requestCounts"] == {"total": 6, "completed": 2, "failed": 4}
+    assert sorted(line["custom_id"] for line in h.file_lines(status["outputFileID"])) == [
+        "req-0",
+        "req-1",
+    ]
+    errors = h.file_lines(status["errorFileID"])
+    assert sorted(e["custom_id"] for e in errors) == [f"req-{i}" for i in range(2, 6)]
+    for line in errors:
+        assert line["error"]["code"] == "shard_failed"
+        assert "no longer serves model 'm' (revision v1)" in line["error"]["message"], line
+    assert "ModelRemoved" in h.reasons()
+    assert status["usage"]["outputTokens"] == sum(
+        line["response"]["body"]["usage"]["completion_tokens"]
+        for line in h.file_lines(status["outputFileID"])
+    )

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from llmbatch.api.slot import SlotHeartbeat
-from llmbatch.executor.engines.base import EngineRequest
+from llmbatch.executor.engines.base import EngineDead, EngineRequest
 from llmbatch.executor.engines.simulated import SimulatedEngine
 from llmbatch.executor.runner import Outcome
 from llmbatch.executor.sharedengine import EngineGate
@@ -195,11 +195,42 @@ def _crash_rig(tmp_path: Path) -> SharedRig:
     return rig
 
 
+class _CrashesWithBystanderInside(SimulatedEngine):
+    """The poison request crashes the engine at a moment a bystander request is inside with
+    it: what the first life's crash must find, whatever a loaded machine does to the timing
+    (the bystander's feed can wait on its input or its commits with nothing in the engine, and
+    what was inside can finish during the poison request's own latency)."""
+
+    def __init__(self, args: dict[str, Any], served: list[str]) -> None:
+        super().__init__(args, served)
+        self.bystanders_inside = 0
+
+    async def handle(self, request: EngineRequest) -> Any:
+        if request.custom_id.startswith("bystander"):
+            # Counted while it cannot finish before a crash it overlaps: once the engine has
+            # died, the simulated engine refuses it (a request whose latency ran out in the
+            # very tick of the crash would otherwise complete, and nothing be inside).
+            self.bystanders_inside += 1
+            try:
+                await asyncio.sleep(self.args.latency_seconds)
+            finally:
+                self.bystanders_inside -= 1
+            return await super().handle(request)
+        if request.custom_id == "victim-r5":
+            await asyncio.sleep(self.args.latency_seconds)
+            await _until(lambda: self.bystanders_inside > 0, timeout=20)
+            self._die("simulated engine crash on request victim-r5")  # no await since the check
+            raise EngineDead("simulated engine crash on request victim-r5")
+        return await super().handle(request)
+
+
 async def _one_slot_life(rig: SharedRig, first: bool) -> Outcome:
     """A slot with a fresh engine (the last one crashed) over the same channel. The first
     time, the victim's shard is assigned once the bystander's requests stream through the
-    engine, so the crash finds some of them inside."""
-    engine = await _started(_engine(latency_seconds=0.05, crash_pattern=r"^victim-r5$"))
+    engine, and the crash waits for one of them inside."""
+    args = {"latency_seconds": 0.05, "crash_pattern": r"^victim-r5$"}
+    kind = _CrashesWithBystanderInside if first else SimulatedEngine
+    engine = await _started(kind(args, ["m"]))
     slot = rig.slot(engine, idle_seconds=0)
     if not first:
         return await asyncio.wait_for(slot.run(), 30)
@@ -208,6 +239,46 @@ async def _one_slot_life(rig: SharedRig, first: bool) -> Outcome:
     await _until(lambda: any(r.stats.completed >= 2 for r in slot.runners))
     rig.assign(rig.victim, when=1.0)
     return await asyncio.wait_for(task, 30)
+
+
+class _SlowToNotice(SimulatedEngine):
+    """Once the engine is dead, the bystander's requests never come back (a connection that
+    hangs instead of failing): only the slot can tell that run its engine broke."""
+
+    async def handle(self, request: EngineRequest) -> Any:
+        try:
+            return await super().handle(request)
+        except EngineDead:
+            if request.custom_id.startswith("bystander"):
+                await asyncio.Event().wait()
+            raise
+
+
+def test_a_run_that_has_not_seen_the_crash_itself_ends_engine_failed_not_preempted(
+    tmp_path: Path,
+) -> None:
+    """The interleaving behind a flake of the test below, forced: the victim's run ends
+    ENGINE_FAILED before the bystander's requests notice the dead engine. The slot then ends the
+    bystander's run as an engine failure too, with what it had inside as suspects — before, it
+    asked it to stop, and a stop wins: 'preempted', no crash recorded for its requests (a
+    poison request among them would have crashed engines without bound)."""
+    rig = _crash_rig(tmp_path)
+
+    async def go() -> Outcome:
+        engine = _SlowToNotice({"latency_seconds": 0.05, "crash_pattern": r"^victim-r5$"}, ["m"])
+        await engine.start()
+        slot = rig.slot(engine, idle_seconds=0)
+        rig.assign(rig.bystander)
+        task = asyncio.ensure_future(slot.run())
+        await _until(lambda: any(r.stats.completed >= 2 for r in slot.runners))
+        rig.assign(rig.victim, when=1.0)
+        return await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(go()) is Outcome.ENGINE_FAILED
+    bystander = rig.report("bystander")
+    assert bystander.state == "engine_failed", bystander
+    assert not bystander.counts_attempt
+    assert bystander.crash_suspects > 0  # its requests inside are isolated on the next run
 
 
 def test_a_request_that_crashes_the_engine_fails_alone_and_costs_nobody_an_attempt(

@@ -44,8 +44,8 @@ from llmbatch.controller.slotstate import (
 from llmbatch.controller.slotwatch import SlotObserver
 from llmbatch.core import keys
 from llmbatch.core.fairshare import tenant_preemptions
-from llmbatch.core.leases import OPEN_STATES
-from llmbatch.core.scheduling import QueuedShard, Shares
+from llmbatch.core.leases import OPEN_STATES, LeaseEvent, transition
+from llmbatch.core.scheduling import QueuedShard, Shares, unserved
 from llmbatch.core.slots import (
     Placement,
     RunningShard,
@@ -132,6 +132,7 @@ class SlotScheduler:
         live = [s for s in slots if s.lost is None]
         candidates = [w for w in work.values() if w.key not in held]
         waiting = await self._io(self._waiting, name, candidates)
+        waiting = await self._withdraw_unserved(name, pool, waiting, result)
         capacity = slot_concurrency(pool.slot_concurrency, max_num_seqs(pool))
         views = slot_views(live, capacity, pool.slot_queue)
         fair = pool.fair_sharing
@@ -214,6 +215,49 @@ class SlotScheduler:
             log.warning("shard %s: not placed this round: %s", work.key, exc)
             return False
         return lease.state in OPEN_STATES
+
+    async def _withdraw_unserved(
+        self, pool_name: str, pool: BatchPoolSpec, waiting: list[Work], result: SlotRound
+    ) -> list[Work]:
+        """Give up the waiting shards of models the pool no longer serves (their batches end
+        with a ``shard_failed`` line per unrun request, billed for nothing); the rest wait on."""
+        served = {model.name for model in pool.models}
+        reasons = {id(w): unserved(pool_name, served, w.queued) for w in waiting}
+        gone = [w for w in waiting if reasons[id(w)] is not None]
+        moved = await asyncio.gather(
+            *(self._io(self._withdraw, pool_name, w, str(reasons[id(w)])) for w in gone)
+        )
+        withdrawn = [work for work, done in zip(gone, moved, strict=True) if done]
+        for work in withdrawn:
+            result.touch(work.key.rsplit("-", 1)[0], Priority.SHARDS)
+        if withdrawn:
+            models = ", ".join(sorted({w.queued.model_name for w in withdrawn}))
+            result.events.append(
+                (
+                    "Warning",
+                    "ModelRemoved",
+                    f"Gave up {len(withdrawn)} waiting shards of {models}, no longer served by"
+                    " this pool: their requests end as shard_failed lines",
+                )
+            )
+        return [w for w in waiting if reasons[id(w)] is None]
+
+    def _withdraw(self, pool_name: str, work: Work, reason: str) -> bool:
+        """Move a waiting shard's lease to failed (a compare-and-swap: a lease granted or
+        fenced meanwhile stays as it is); True when this call did. Store calls only."""
+        try:
+            moved = update_lease(
+                self.store,
+                work.lease_key,
+                lambda lease: transition(
+                    lease, LeaseEvent.WITHDRAW, reason="ModelRemoved", message=reason[:1024]
+                ),
+            )
+        except StoreError as exc:
+            log.warning("shard %s: not withdrawn this round: %s", work.key, exc)
+            return False
+        self._known_waiting.get(pool_name, set()).discard(work.key)
+        return moved is not None
 
     # --- placing -----------------------------------------------------------------------------
 

@@ -28,6 +28,9 @@ class LeaseEvent(enum.Enum):
     """Given up: the shard's remaining requests become ``shard_failed`` lines."""
     FENCE = "fence"
     """Its batch is finishing: no slot runs it again."""
+    WITHDRAW = "withdraw"
+    """Given up while it waits: its pool no longer serves its model (removed after the batch
+    was accepted). Its requests become ``shard_failed`` lines; a run under way ends first."""
 
 
 #: (state before or None for no lease yet, event) -> state after. Anything else is refused.
@@ -41,6 +44,8 @@ TRANSITIONS: dict[tuple[LeaseState | None, LeaseEvent], LeaseState] = {
     (None, LeaseEvent.FENCE): "fenced",
     ("released", LeaseEvent.FENCE): "fenced",
     ("granted", LeaseEvent.FENCE): "fenced",
+    (None, LeaseEvent.WITHDRAW): "failed",
+    ("released", LeaseEvent.WITHDRAW): "failed",
 }
 
 #: Lease states in which a shard may still be (re)granted: held by a slot, or back in the queue.

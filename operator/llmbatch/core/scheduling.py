@@ -22,7 +22,7 @@ at all (its shards wait; :func:`capped`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llmbatch.core.tiers import TIER_RANK
@@ -77,6 +77,20 @@ class QueuedShard:
     def model_name(self) -> str:
         """The model's name alone (``model`` without the pinned revision)."""
         return self.model.removesuffix(f"@{self.revision}") if self.revision else self.model
+
+
+def unserved(pool: str, served: Collection[str], shard: QueuedShard) -> str | None:
+    """Why ``shard`` can no longer run on ``pool`` (its model was removed from the pool after
+    the batch was accepted), or None while the pool serves it. A shard pinned to a revision the
+    pool no longer names is still served: a slot of that revision starts from the pool's current
+    spec while its weights are there (``docs/pools.md``)."""
+    if shard.model_name in served:
+        return None
+    pinned = f" (revision {shard.revision})" if shard.revision else ""
+    return (
+        f"pool {pool} no longer serves model {shard.model_name!r}{pinned}, which the batch was"
+        f" accepted for; the model was removed from the pool (serves: {', '.join(sorted(served))})"
+    )
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,11 @@ class ShardRunner:
             self._hard_stop_until = min(until, self._hard_stop_until or until)
         self._wake()
 
+    def engine_broke(self, reason: str) -> None:
+        """The slot's engine broke (seen by another run first): this run ends as if its own
+        request had met the failure — halted, what it had inside the engine suspect."""
+        self._fail_engine(reason)
+
     def _fail_engine(self, reason: str) -> None:
         if self._engine_failure is None:
             log.error("shard %s: engine failed: %s", self.spec.shard_index, reason)

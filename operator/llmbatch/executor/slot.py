@@ -361,8 +361,12 @@ class Slot:
         """Whether the loop ends: stopped, engine broken, drained, or idle long enough."""
         if self._running:
             if self._engine_failed():
+                # The engine they share broke under another run: each ends as an engine failure
+                # of its own (what it had inside is suspect), not as a stop, whichever of the
+                # two it would have noticed first.
+                reason = self.engine.dead_reason() or "the engine failed under another shard"
                 for run in self._running.values():
-                    run.runner.request_stop()
+                    run.runner.engine_broke(reason)
             return False
         if self._stopping or self._engine_failed() or self._draining:
             return True
