@@ -465,6 +465,60 @@ def test_engine_death_is_a_shard_failure(
     assert progress.state == "engine_failed"
 
 
+# --- a pinned revision in a Hugging Face cache: the engine loads that snapshot
+
+
+def _cache_repo(root: Path, smollm2: Path) -> tuple[Path, str, str]:
+    """``models--llmbatch--smollm2`` with two snapshots of SmolLM2 (the weights linked): ``v1``
+    as prepared, and ``main`` whose chat template has a longer system prompt (so the same row
+    has more prompt tokens). Returns the repository and the two commits."""
+    repo = root / "hub" / "models--llmbatch--smollm2"
+    commits = {"v1": "1" * 40, "main": "2" * 40}
+    for ref, commit in commits.items():
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True)
+        for item in smollm2.iterdir():
+            (snapshot / item.name).symlink_to(item)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    template = repo / "snapshots" / commits["main"] / "chat_template.jinja"
+    text = template.read_text()
+    template.unlink()
+    longer = "You are a careful assistant who always answers in one short and polite sentence"
+    template.write_text(text.replace("You are a helpful AI assistant named SmolLM", longer))
+    return repo, commits["v1"], commits["main"]
+
+
+def test_a_pinned_revision_loads_its_snapshot_of_a_hugging_face_cache(
+    tmp_path: Path, smollm2_path: Path, vllm_env: dict[str, str]
+) -> None:
+    """#32 item 1: the revision reaches the engine. The same row, run pinned to ``v1`` and to
+    ``main`` of one cache repository, is answered by the two snapshots (their chat templates
+    differ: so do the prompt tokens); a revision the cache does not hold never starts."""
+    repo, v1, main = _cache_repo(tmp_path, smollm2_path)
+    _write(tmp_path / "in.jsonl", [_chat("q", "Name a colour.")])
+    prompt_tokens: dict[str, int] = {}
+    for index, revision in enumerate(("v1", main[:7])):
+        spec = _spec(tmp_path, repo, "in.jsonl", CHAT, index)
+        spec.model.revision = revision
+        log = tmp_path / f"executor-{index}.log"
+        proc = _executor(spec, tmp_path / "termination-log", vllm_env, log)
+        assert proc.wait(timeout=600) == ExitCode.DONE, log.read_text()[-3000:]
+        commit = v1 if revision == "v1" else main
+        assert f"weights {repo / 'snapshots' / commit} (revision {commit})" in log.read_text()
+        (line,) = _lines(tmp_path, spec.output_prefix, "output")
+        prompt_tokens[revision] = line["response"]["body"]["usage"]["prompt_tokens"]
+    assert prompt_tokens[main[:7]] > prompt_tokens["v1"], prompt_tokens
+
+    spec = _spec(tmp_path, repo, "in.jsonl", CHAT, 9)
+    spec.model.revision = "v9"
+    log = tmp_path / "executor-v9.log"
+    proc = _executor(spec, tmp_path / "termination-log", vllm_env, log)
+    assert proc.wait(timeout=300) != ExitCode.DONE
+    assert "revision 'v9' is not in the model cache" in log.read_text(), log.read_text()[-3000:]
+    assert _lines(tmp_path, spec.output_prefix, "output") == []
+
+
 # --- embeddings through `llmbatch run`
 
 

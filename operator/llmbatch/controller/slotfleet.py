@@ -25,6 +25,7 @@ from llmbatch.controller.slotstate import (
     new_slot_name,
 )
 from llmbatch.core import keys
+from llmbatch.core.scheduling import revision_to_serve
 from llmbatch.core.slots import Placement
 from llmbatch.storage.base import ObjectStore, delete_under
 from llmbatch.storage.slotchannel import clear_pool_channels
@@ -195,16 +196,23 @@ class SlotFleet:
         prefix = keys.slot_prefix(pool_name, slot)
         queued = group[0].queued if group else None
         model_name = queued.model_name if queued else model_name
-        model = next((m for m in pool.models if m.name == model_name), pool.models[0])
-        # The revision its shards pinned; an empty slot serves the pool's current one (what new
-        # batches pin). Unpinned work (accepted before revisions were recorded): the current.
+        model = next((m for m in pool.models if m.name == model_name), None)
+        if model is None:  # the round withdraws the shards of a model removed from the pool
+            raise LookupError(f"pool {pool_name} does not serve model {model_name!r}")
+        # The revision its shards pinned (what it is matched on; none: unpinned work, accepted
+        # before revisions were recorded); an empty slot: the pool's current one (what new
+        # batches pin).
         pinned = queued.revision if queued else model.revision
         spec = SlotSpec(
             pool=pool_name,
             slot=slot,
             store=self.config.executor_store_uri,
             channel_prefix=prefix,
-            model=ModelRef(name=model.name, path=model.source, revision=pinned or model.revision),
+            model=ModelRef(
+                name=model.name,
+                path=model.source,
+                revision=revision_to_serve(pinned, model.revision),
+            ),
             engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
             # Unset in the pool: the slot sizes it from its loaded engine (heartbeat.concurrency).
             concurrency=pool.slot_concurrency,

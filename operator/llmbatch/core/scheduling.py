@@ -45,6 +45,13 @@ def tenant_weight(annotations: Mapping[str, str] | None) -> float:
     return min(MAX_WEIGHT, max(MIN_WEIGHT, weight))
 
 
+def revision_to_serve(pinned: str | None, current: str | None) -> str | None:
+    """The revision a shard runs and a slot for it loads: the one its batch pinned at
+    acceptance; a batch accepted before revisions were recorded (or an empty slot) gets the
+    pool model's ``current`` one."""
+    return pinned or current
+
+
 def serving_key(model: str, revision: str | None) -> str:
     """What a slot serves and a shard needs: the model, and the revision pinned if any
     (``name@revision``). Slots and shards match on it, so a batch pinned to one revision never

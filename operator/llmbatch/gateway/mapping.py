@@ -24,6 +24,7 @@ from llmbatch.api.openai import (
     Priority,
 )
 from llmbatch.core.ids import batch_id_from_name
+from llmbatch.core.scheduling import serving_key
 from llmbatch.core.tiers import DEFAULT_WINDOW, completion_window, tier_of
 
 ANNOTATION_CREATED_NS = "llmbatch.io/created-ns"
@@ -113,7 +114,7 @@ def batch_to_openai(obj: dict[str, Any]) -> Batch:
     return Batch(
         id=batch_id_from_name(meta["name"]),
         endpoint=str(spec.get("endpoint") or ""),
-        model=status.get("model") or spec.get("model"),
+        model=_model(spec, status),
         errors=_errors(status.get("errors")),
         input_file_id=str(spec.get("inputFileID") or ""),
         completion_window=str(spec.get("completionWindow") or "24h"),
@@ -138,6 +139,16 @@ def batch_to_openai(obj: dict[str, Any]) -> Batch:
         metadata=dict(metadata) if isinstance(metadata, dict) else None,
         priority=priority,
     )
+
+
+def _model(spec: dict[str, Any], status: dict[str, Any]) -> str | None:
+    """The model the batch runs: where OpenAI names the dated snapshot it pinned
+    (``gpt-4o-mini-2024-07-18``), the model and the revision acceptance pinned,
+    ``name@revision`` (the key slots and shards match on); before acceptance, as asked."""
+    model = status.get("model")
+    if not model:
+        return spec.get("model") or None
+    return serving_key(str(model), status.get("modelRevision") or None)
 
 
 def _phase(

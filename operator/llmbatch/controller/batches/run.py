@@ -16,6 +16,7 @@ from llmbatch.controller.batches.step import BatchView, Step, set_condition, tra
 from llmbatch.controller.jobs import engine_args
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name, tenant_cache_salt
+from llmbatch.core.scheduling import revision_to_serve
 from llmbatch.core.tiers import tier_of
 from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import read_lease
@@ -119,12 +120,11 @@ class ShardRuns(PhaseDeps):
             end=shard.end,
             first_line=shard.first_line,
             output_prefix=keys.shard_prefix(batch.namespace, batch.uid, shard.index),
-            # The revision pinned at acceptance, not the pool's current one (batches accepted
-            # before revisions were recorded: the pool's).
+            # The revision pinned at acceptance, not the pool's current one.
             model=ModelRef(
                 name=model.name,
                 path=model.source,
-                revision=batch.status.model_revision or model.revision,
+                revision=revision_to_serve(batch.status.model_revision, model.revision),
             ),
             engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
             flush_lines=pool.executor.flush_lines,
