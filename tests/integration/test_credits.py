@@ -25,7 +25,7 @@ from llmbatch.core.keys import shard_prefix
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from llmbatch.storage import FilesystemStore
 from llmbatch.storage.shardresults import read_progress
-from tests.fixtures.gateway import GatewayProcess, gateway_on_operator_store, wait_for_key
+from tests.fixtures.gateway import GatewayProcess, wait_for_key
 from tests.fixtures.operator import ClusterCLI, OperatorProcess, simulated_pool
 from tests.integration.test_operator import (
     _POOLS,
@@ -40,20 +40,6 @@ from tests.integration.test_operator import (
 pytestmark = pytest.mark.timeout(600)
 CHAT = "/v1/chat/completions"
 SLOW = ["--latency-seconds=2", "--max-num-seqs=1"]
-
-
-@pytest.fixture(scope="module")
-def gateway(
-    cluster: ClusterCLI, operator_process: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    """A gateway on the operator's store, with its own key namespace."""
-    with gateway_on_operator_store(
-        str(cluster.kubeconfig),
-        operator_process.store_root,
-        tmp_path_factory.mktemp("credits-gateway"),
-        "llmbatch-credits-test",
-    ) as proc:
-        yield proc
 
 
 Tenant = tuple[str, openai.OpenAI]

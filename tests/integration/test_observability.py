@@ -24,7 +24,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -35,7 +34,6 @@ from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.fixtures.gateway import (
     GatewayProcess,
     free_port,
-    gateway_on_operator_store,
     wait_for_key,
 )
 from tests.fixtures.operator import (
@@ -67,20 +65,6 @@ def prometheus_binary() -> str:
             pytest.fail("prometheus is missing: `make prometheus` installs it (make test does)")
         pytest.skip("prometheus is missing: run `make prometheus`")
     return path
-
-
-@pytest.fixture(scope="module")
-def gateway(
-    cluster: ClusterCLI, operator_process: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    """A gateway on the operator's store, with its own key namespace."""
-    with gateway_on_operator_store(
-        str(cluster.kubeconfig),
-        operator_process.store_root,
-        tmp_path_factory.mktemp("obs-gateway"),
-        "llmbatch-observability-test",
-    ) as proc:
-        yield proc
 
 
 class Prometheus:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import pathlib
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -20,8 +19,6 @@ import pytest
 from openai.types.responses import Response
 
 from llmbatch.core.ids import batch_object_name
-from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
-from tests.fixtures.gateway import GatewayProcess, gateway_on_operator_store, wait_for_key
 from tests.fixtures.operator import ClusterCLI, OperatorProcess, simulated_pool
 from tests.integration.test_gateway import eventually
 from tests.integration.test_operator import (
@@ -35,34 +32,6 @@ from tests.integration.test_operator import (
 
 pytestmark = pytest.mark.timeout(600)
 RESPONSES = "/v1/responses"
-
-
-@pytest.fixture(scope="module")
-def gateway(
-    cluster: ClusterCLI, operator_process: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    with gateway_on_operator_store(
-        str(cluster.kubeconfig),
-        operator_process.store_root,
-        tmp_path_factory.mktemp("responses-gateway"),
-        "llmbatch-responses-test",
-    ) as proc:
-        yield proc
-
-
-@pytest.fixture
-def tenant(gateway: GatewayProcess) -> Iterator[tuple[str, openai.OpenAI]]:
-    namespace = f"resp-{uuid.uuid4().hex[:8]}"
-    gateway.kubectl("create", "namespace", namespace)
-    key = new_api_key()
-    scopes = ["inference:write", "inference:read"]
-    secret = key_secret(
-        f"key-{namespace}", hash_key(key), namespace, scopes, gateway.gateway_namespace
-    )
-    gateway.kubectl("apply", "-f", "-", obj=secret)
-    wait_for_key(gateway.base_url, key, accepted=True)
-    yield namespace, openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=key, max_retries=0)
-    gateway.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.fixture

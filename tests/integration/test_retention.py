@@ -23,9 +23,8 @@ from llmbatch.core import keys
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.retention import SETTLE_SECONDS
 from tests.fixtures.operator import OperatorProcess, simulated_pool
-from tests.integration.test_credits import (  # noqa: F401  (fixtures: a gateway on this store)
+from tests.integration.test_credits import (  # noqa: F401  (the tenants fixture)
     Tenant,
-    gateway,
     tenants,
 )
 from tests.integration.test_operator import (
