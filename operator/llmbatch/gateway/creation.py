@@ -26,6 +26,7 @@ from llmbatch.api.resources import (
     BATCH_FINALIZER,
     BatchSpec,
     EndpointPath,
+    FileMedia,
     InlineRequest,
     Tier,
 )
@@ -36,8 +37,11 @@ from llmbatch.core.validation import (
     OUTPUT_TOKEN_FIELDS_OF,
     ErrorCode,
     InvalidLine,
+    MediaRules,
+    MediaTally,
     ValidationLimits,
     check_request,
+    media_problems,
     normalize_endpoint,
 )
 from llmbatch.gateway.errors import APIError
@@ -245,11 +249,12 @@ def _check_inline(
     model: str | None = None
     items: list[InlineRequest] = []
     input_bytes = declared = without = 0
+    media = MediaTally()  # the pool's media rules apply at admission (inline_media_error)
     first_unbounded: int | None = None
     for index, item in enumerate(requests):
         raw = item.model_dump()
         problems, line_model, output_tokens = check_request(
-            raw, endpoint=endpoint, limits=limits, line=index + 1
+            raw, endpoint=endpoint, limits=limits, line=index + 1, media=media
         )
         problem = problems[0] if problems else None
         if problem is None and line_model is not None and model not in (None, line_model):
@@ -281,7 +286,7 @@ def _check_inline(
             without += int(output_tokens == 0)
             if output_tokens == 0 and first_unbounded is None:
                 first_unbounded = index
-    size = BatchSize(input_bytes, len(items), declared, without)
+    size = BatchSize(input_bytes, len(items), declared, without, media)
     return items, InlineInput(size, model, first_unbounded)
 
 
@@ -297,6 +302,19 @@ def unbounded_inline_error(inline: InlineInput, endpoint: str) -> APIError | Non
         f"body.{fields[0]}",
     )
     return _inline_error(inline.first_unbounded, problem)
+
+
+def inline_media_error(spec: BatchSpec, rules: MediaRules) -> APIError | None:
+    """The 400 for the first inline request with an image or audio part the pool's model (or
+    the platform's egress) does not take: the rules of ``core.validation.media``, applied now
+    that the pool is known."""
+    if spec.requests is None or (rules.modalities is None and rules.remote):
+        return None
+    for index, item in enumerate(spec.requests):
+        problems = media_problems(item.body, spec.endpoint, rules, MediaTally(), index + 1)
+        if problems:
+            return _inline_error(index, problems[0])
+    return None
 
 
 def _inline_error(index: int, problem: InvalidLine) -> APIError:
@@ -426,11 +444,13 @@ def check_input_file(
     # What the upload's validation recorded (older files: no request declared an output limit).
     requests = int(spec.get("lineCount") or 0)
     without = spec.get("requestsWithoutOutputLimit")
+    media = FileMedia.model_validate(spec.get("media") or {})
     size = BatchSize(
         input_bytes=int(spec.get("bytes") or 0),
         requests=requests,
         output_token_limits=int(spec.get("outputTokenLimits") or 0),
         requests_without_output_limit=int(requests if without is None else without),
+        media=MediaTally(**media.model_dump()),
     )
     return size, spec.get("model")
 

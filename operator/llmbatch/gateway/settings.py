@@ -86,6 +86,10 @@ class GatewaySettings:
     sets it to ``--host`` unless given)."""
     docs: bool = False
     """``LLMBATCH_GATEWAY_DOCS``: serve ``/docs``, ``/redoc`` and ``/openapi.json``."""
+    remote_media: bool = False
+    """``LLMBATCH_REMOTE_MEDIA``: rows may give images and audio as http(s) URLs, fetched by the
+    engine (the chart's ``remoteMedia.enabled`` opens the executors' egress); off: data: URLs
+    only, a remote one is refused with the line's number."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> GatewaySettings:
@@ -112,4 +116,5 @@ class GatewaySettings:
             ),
             metrics_host=values.get("LLMBATCH_GATEWAY_METRICS_HOST") or "0.0.0.0",
             docs=_bool(values, "LLMBATCH_GATEWAY_DOCS", False),
+            remote_media=_bool(values, "LLMBATCH_REMOTE_MEDIA", False),
         )

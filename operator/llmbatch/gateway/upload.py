@@ -116,7 +116,7 @@ class MultipartUpload:
         store: ObjectStore,
         key: str,
         max_bytes: int,
-        requires_output_limit: Callable[[str | None], bool] | None = None,
+        limits_for: Callable[[ValidationLimits, str | None], ValidationLimits] | None = None,
     ) -> None:
         self.request = request
         self.store = store
@@ -130,7 +130,7 @@ class MultipartUpload:
         self.file_parts = 0
         self._pipe: _Pipe | None = None
         self._checker = UploadChecker(
-            ValidationLimits(max_bytes=max_bytes, max_requests=50_000), requires_output_limit
+            ValidationLimits(max_bytes=max_bytes, max_requests=50_000), limits_for
         )
         self._pending = bytearray()
         self._part: str | None = None  # "file", a field name, or "" (ignored)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -64,12 +63,13 @@ class UploadChecker:
     def __init__(
         self,
         limits: ValidationLimits,
-        requires_output_limit: Callable[[str | None], bool] | None = None,
+        limits_for: Callable[[ValidationLimits, str | None], ValidationLimits] | None = None,
     ) -> None:
         self.limits = limits
-        self.requires_output_limit = requires_output_limit
-        """Whether the pool serving a model wants every row to bound its output (seed 000);
-        asked once, with the first line's model (None when it names none)."""
+        self.limits_for = limits_for
+        """The limits the rows are checked against, from ``limits`` and the first line's model
+        (None when it names none): whether the pool serving it wants every row to bound its
+        output (seed 000), the media it accepts; asked once."""
         self.endpoint: str | None = None
         self.scanned = 0
         """Bytes the endpoint sniff has looked at: at most twice the head, whatever its pieces."""
@@ -142,9 +142,8 @@ class UploadChecker:
 
     def _settle(self, endpoint: str, model: str | None = None) -> None:
         self.endpoint = self._validator.endpoint = endpoint
-        if self.requires_output_limit is not None:
-            required = self.requires_output_limit(model)
-            self._validator.limits = replace(self.limits, require_output_token_limit=required)
+        if self.limits_for is not None:
+            self._validator.limits = self.limits_for(self.limits, model)
         held, self._held = bytes(self._held), bytearray()
         if held:
             self._validator.feed(held)

@@ -38,7 +38,7 @@ from llmbatch.api.resources.batch import (
     Usage,
     ValidationError,
 )
-from llmbatch.api.resources.batchfile import BatchFileSpec, BatchFileStatus
+from llmbatch.api.resources.batchfile import BatchFileSpec, BatchFileStatus, FileMedia
 from llmbatch.api.resources.credit import (
     CREDIT_ACCOUNT_NAME,
     CreditAccountSpec,
@@ -116,6 +116,7 @@ __all__ = [
     "EndpointPath",
     "EnvVar",
     "ExecutorSpec",
+    "FileMedia",
     "InlineInputRef",
     "InlineRequest",
     "Label",

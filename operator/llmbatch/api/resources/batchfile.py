@@ -10,6 +10,19 @@ from llmbatch.api.resources.base import Conditions, CRModel
 from llmbatch.api.resources.fields import ObjectID, Sha256, ShortText, StoreKey
 
 
+class FileMedia(CRModel):
+    """The image and audio parts of an input's requests (for credit estimates)."""
+
+    images: int = 0
+    """Image parts."""
+    audio_clips: int = 0
+    """Audio parts."""
+    audio_bytes: int = 0
+    """Decoded bytes of the inline audio."""
+    encoded_bytes: int = 0
+    """Bytes of the file that are base64 media (not text)."""
+
+
 class BatchFileSpec(CRModel):
     """Metadata of a stored file; the bytes live in the object store."""
 
@@ -31,6 +44,8 @@ class BatchFileSpec(CRModel):
     """Sum of the output-token limits the requests declare (inputs; for credit estimates)."""
     requests_without_output_limit: int | None = None
     """Requests that declare no output-token limit (inputs; the pool default is assumed)."""
+    media: FileMedia | None = None
+    """The image and audio parts of the requests (inputs that have any)."""
     storage_key: StoreKey
     """Key of the bytes in the object store, derived from the id."""
     created_at: int

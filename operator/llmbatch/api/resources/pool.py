@@ -16,6 +16,9 @@ from llmbatch.api.resources.fields import (
     ShortText,
 )
 
+Modality = Literal["text", "image", "audio"]
+"""An input modality (``llmbatch.core.validation.media.MODALITIES``)."""
+
 
 class PoolModel(CRModel):
     """One model a pool serves."""
@@ -28,6 +31,11 @@ class PoolModel(CRModel):
     """Pinned revision (commit or tag) of the weights."""
     runner: Literal["generate", "pooling"] = "generate"
     """generate for chat/completions, pooling for embeddings."""
+    input_modalities: Annotated[list[Modality], Field(min_length=1, max_length=3)] = Field(
+        default_factory=lambda: list[Modality](["text"])
+    )
+    """What its requests may hold: a row with an image or audio part for a model that does not
+    list it is refused with the line's number before it is queued (docs/validation.md)."""
 
 
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=317)]

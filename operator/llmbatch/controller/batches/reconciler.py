@@ -60,7 +60,9 @@ class BatchReconciler:
             served=lambda name: not config.pools or name in config.pools,
         )
         """The BatchPools from the watch (``handlers.pool_seen``): acceptance chooses from it."""
-        self.validation = Validation(kube, store, self.credits, self.pool_catalog, clock)
+        self.validation = Validation(
+            kube, store, self.credits, self.pool_catalog, clock, config.remote_media
+        )
         self.runs = ShardRuns(kube, store, config, self.pool)
         self.finalization = Finalization(kube, store, config, self.pool)
         self._pools: dict[str, tuple[float, BatchPoolSpec | None]] = {}  # name -> (read at, spec)

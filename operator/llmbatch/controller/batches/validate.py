@@ -38,6 +38,7 @@ from llmbatch.core.admission import (
     check_pool_queue,
     check_tier,
     max_requests,
+    media_rules,
     output_limit_required,
 )
 from llmbatch.core.ids import batch_id_from_name
@@ -87,12 +88,15 @@ class Validation:
         credits: CreditLedger,
         pools: PoolCatalog,
         clock: Callable[[], float],
+        remote_media: bool = False,
     ) -> None:
         self.kube = kube
         self.store = store
         self.credits = credits
         self.pools = pools
         self.clock = clock
+        self.remote_media = remote_media
+        """Whether rows may give media as http(s) URLs (``OperatorConfig.remote_media``)."""
         self.namespace_annotations: Callable[[str], dict[str, str] | None] = lambda _ns: None
         """A namespace's annotations from the operator's watch (None: not seen; read it)."""
         self.namespace_labels: Callable[[str], dict[str, str] | None] = lambda _ns: None
@@ -133,6 +137,7 @@ class Validation:
             max_bytes=pool_spec.limits.max_bytes,
             max_line_bytes=pool_spec.limits.max_line_bytes,
             require_output_token_limit=output_limit_required(pool_spec),
+            media=media_rules(pool_spec, model, self.remote_media),
         )
         verdict = await asyncio.to_thread(
             self._run_validator, input_key, spec.endpoint, limits, pool_spec.shard_requests
@@ -366,6 +371,7 @@ class Validation:
             requests=verdict.request_count,
             output_token_limits=verdict.declared_output_tokens,
             requests_without_output_limit=verdict.requests_without_output_limit,
+            media=verdict.media,
         )
         throughput = status.get("throughputPerSlot")
         entry = billing.new_reservation(

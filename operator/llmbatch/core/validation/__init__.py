@@ -8,8 +8,8 @@ validator also cuts the file into shards: contiguous byte ranges on line boundar
 
 One module per concern: ``errors`` (typed problems), ``limits`` (endpoints and limits),
 ``request`` (one line on its own, fast path first), ``responses`` (the /v1/responses body rules),
-``shards`` (the plan), ``lines`` (BOM, CRLF, blank lines) and ``stream`` (the validator that ties
-them together).
+``media`` (image and audio parts), ``shards`` (the plan), ``lines`` (BOM, CRLF, blank lines) and
+``stream`` (the validator that ties them together).
 """
 
 from __future__ import annotations
@@ -24,12 +24,20 @@ from llmbatch.core.validation.limits import (
     normalize_endpoint,
 )
 from llmbatch.core.validation.lines import UTF8_BOM, LineSplitter, iter_lines
+from llmbatch.core.validation.media import (
+    MODALITIES,
+    MediaRules,
+    MediaTally,
+    has_media_hint,
+    media_problems,
+)
 from llmbatch.core.validation.request import check_request
 from llmbatch.core.validation.shards import ShardRange
 from llmbatch.core.validation.stream import LineValidator, ValidationResult, validate_stream
 
 __all__ = [
     "GENERATIVE_ENDPOINTS",
+    "MODALITIES",
     "OUTPUT_TOKEN_FIELDS",
     "OUTPUT_TOKEN_FIELDS_OF",
     "SUPPORTED_ENDPOINTS",
@@ -38,12 +46,16 @@ __all__ = [
     "InvalidLine",
     "LineSplitter",
     "LineValidator",
+    "MediaRules",
+    "MediaTally",
     "ShardRange",
     "UnsupportedEndpoint",
     "ValidationLimits",
     "ValidationResult",
     "check_request",
+    "has_media_hint",
     "iter_lines",
+    "media_problems",
     "normalize_endpoint",
     "validate_stream",
 ]

@@ -36,6 +36,9 @@ class ErrorCode(enum.StrEnum):
     MISSING_INPUT = "missing_input"
     INVALID_INPUT = "invalid_input"
     UNSUPPORTED_PARAMETER = "unsupported_parameter"
+    UNSUPPORTED_MODALITY = "unsupported_modality"
+    INVALID_MEDIA = "invalid_media"
+    REMOTE_MEDIA_NOT_ALLOWED = "remote_media_not_allowed"
 
 
 NUMBER_MESSAGE = "Line {line} has a number outside the 64-bit range."

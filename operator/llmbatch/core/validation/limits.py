@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmbatch.api.openai import ENDPOINTS, GENERATE_ENDPOINTS
+from llmbatch.core.validation.media import MediaRules
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = ENDPOINTS
 """The endpoints a batch may call: ``llmbatch.api.openai.ENDPOINTS``."""
@@ -41,3 +42,5 @@ class ValidationLimits:
     max_json_depth: int = 64
     max_errors: int = 100
     require_output_token_limit: bool = False
+    media: MediaRules = field(default_factory=MediaRules)
+    """The image and audio parts the model and the platform accept (``media``)."""

@@ -11,6 +11,7 @@ from llmbatch.core.validation.limits import (
     ValidationLimits,
     normalize_endpoint,
 )
+from llmbatch.core.validation.media import MediaTally, media_problems
 from llmbatch.core.validation.responses import RESPONSES, responses_body_problems
 
 _NUMBER_LIMIT = float(2**63)
@@ -54,11 +55,25 @@ def check_request(
     endpoint: str,
     limits: ValidationLimits,
     line: int | None = None,
+    media: MediaTally | None = None,
 ) -> tuple[list[InvalidLine], str | None, int]:
     """Check one parsed line on its own (no cross-line rules).
 
     Returns the problems, the line's model (when readable) and its declared output-token limit.
+    With ``media``, the body's image and audio parts are checked too (``limits.media``) and
+    tallied into it; a caller that knows the line holds none (``media.has_media_hint``) skips it.
     """
+    problems, model, output_tokens = _check(obj, endpoint, limits, line)
+    body = obj.get("body") if media is not None and type(obj) is dict else None
+    if media is not None and type(body) is dict:
+        problems = problems + media_problems(body, endpoint, limits.media, media, line)
+    return problems, model, output_tokens
+
+
+def _check(
+    obj: Any, endpoint: str, limits: ValidationLimits, line: int | None
+) -> tuple[list[InvalidLine], str | None, int]:
+    """The line's envelope and body rules: the fast path for the usual line, else in full."""
     if type(obj) is not dict:
         msg = f"Line {line} is not a JSON object." if line else "The line is not a JSON object."
         return [InvalidLine(ErrorCode.INVALID_JSON_LINE, msg, line)], None, 0

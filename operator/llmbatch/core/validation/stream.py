@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from llmbatch.core.validation.limits import (
     normalize_endpoint,
 )
 from llmbatch.core.validation.lines import clean_line
+from llmbatch.core.validation.media import MediaTally, has_media_hint
 from llmbatch.core.validation.request import check_request
 from llmbatch.core.validation.shards import ShardCutter, ShardRange
 
@@ -43,6 +44,8 @@ class ValidationResult:
     """True when a whole-file limit (size, request count) stopped reading early."""
     requests_without_output_limit: int = 0
     """Requests to a generative endpoint that declare no output-token limit."""
+    media: MediaTally = field(default_factory=MediaTally)
+    """The image and audio parts of the valid lines (the estimate counts them by their rule)."""
 
     @property
     def ok(self) -> bool:
@@ -84,6 +87,7 @@ class LineValidator:
         self._model: str | None = None
         self._output_tokens = 0
         self._unlimited = 0
+        self._media = MediaTally()
         self._total = 0
         self._skipped_bytes = 0
         self.aborted = False
@@ -191,7 +195,11 @@ class LineValidator:
             self._report(decode_problem(text, line_no, exc))
             return
         problems, model, output_tokens = check_request(
-            obj, endpoint=self.endpoint, limits=self.limits, line=line_no
+            obj,
+            endpoint=self.endpoint,
+            limits=self.limits,
+            line=line_no,
+            media=self._media if has_media_hint(text) else None,
         )
         for problem in problems:
             self._report(problem)
@@ -267,6 +275,7 @@ class LineValidator:
             declared_output_tokens=self._output_tokens,
             aborted=self.aborted,
             requests_without_output_limit=self._unlimited,
+            media=self._media,
         )
 
 

@@ -23,6 +23,7 @@ from llmbatch.gateway.admission import (
     has_tenant_quota,
     output_limit_required,
     plan_admission,
+    pool_media_rules,
     refusal_error,
     reservation,
     tenant_quota_refusal,
@@ -37,6 +38,7 @@ from llmbatch.gateway.creation import (
     check_input_file,
     check_replay,
     check_tenant,
+    inline_media_error,
     parse_create_request,
     unbounded_inline_error,
 )
@@ -156,6 +158,12 @@ async def _admit(
         unbounded = unbounded_inline_error(request.inline, request.spec.endpoint)
         if unbounded is not None:  # seed 000: the pool bills output tokens, rows must bound them
             raise unbounded
+    if request.inline is not None:
+        rules = pool_media_rules(pools, model, tenant, gw.settings.remote_media)
+        media_refused = inline_media_error(request.spec, rules)
+        if media_refused is not None:
+            metrics.BATCHES_REFUSED.labels(media_refused.code or "invalid_media").inc()
+            raise media_refused
     pool_obj = choose_pool(pools, model, tenant=tenant)
     plan = _admitted(plan_admission(pool_obj, request.spec.priority, size, request.input_param))
     if has_tenant_quota(annotations):

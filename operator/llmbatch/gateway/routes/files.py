@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -13,10 +14,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from llmbatch.api.openai import FileDeleted, FileObject, ListPage
-from llmbatch.api.resources import API_VERSION
+from llmbatch.api.resources import API_VERSION, FileMedia
 from llmbatch.core import keys
 from llmbatch.gateway import metrics
-from llmbatch.gateway.admission import output_limit_required
+from llmbatch.gateway.admission import upload_limits
 from llmbatch.gateway.deps import GW, Gateway, Reader, Writer
 from llmbatch.gateway.errors import APIError, not_found, store_unavailable
 from llmbatch.gateway.mapping import (
@@ -84,7 +85,7 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
         gw.store,
         key,
         gw.settings.max_upload_bytes,
-        lambda model: output_limit_required(pools, model, tenant),
+        lambda base, model: upload_limits(base, pools, model, tenant, gw.settings.remote_media),
     )
     stored = await _store(upload)
     try:
@@ -151,6 +152,8 @@ def batchfile_manifest(
     }
     if expires_after is not None:
         spec["expiresAfterSeconds"] = expires_after
+    if not result.media.empty:
+        spec["media"] = FileMedia(**dataclasses.asdict(result.media)).to_k8s()
     # Longer than BatchFile.spec.model allows, it names no pool anyway: left off, the batch is
     # estimated as one without a pool and validation fails it (model_not_found).
     if result.model and len(result.model) <= MAX_RECORDED_MODEL:

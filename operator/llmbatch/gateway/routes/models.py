@@ -98,6 +98,7 @@ def _entry(
             "pools": [meta.get("name")],
             "revision": model.get("revision"),
             "endpoints": endpoints,
+            "input_modalities": model.get("inputModalities") or ["text"],
             "tiers": tiers,
             "expedited": "expedited" in tiers,
             "limits": {
