@@ -224,7 +224,7 @@ def test_admission_plans_on_the_pool_or_refuses() -> None:
 
 def test_inline_requests_remember_the_first_without_an_output_limit() -> None:
     """Seed 000: the gateway refuses it when the model's pool requires a limit (its route)."""
-    from llmbatch.gateway.creation import unbounded_inline_error
+    from llmbatch.gateway.inlinecheck import unbounded_inline_error
 
     bounded = parse(requests=[row(0, max_tokens=8), row(1, max_completion_tokens=8)])
     assert bounded.inline.first_unbounded is None

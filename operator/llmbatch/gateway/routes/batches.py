@@ -38,13 +38,12 @@ from llmbatch.gateway.creation import (
     check_input_file,
     check_replay,
     check_tenant,
-    inline_media_error,
     parse_create_request,
-    unbounded_inline_error,
 )
 from llmbatch.gateway.credits import release_credit, reserve_credit
 from llmbatch.gateway.deps import GW, Gateway, Reader, Writer
 from llmbatch.gateway.errors import APIError, not_found
+from llmbatch.gateway.inlinecheck import inline_media_error, unbounded_inline_error
 from llmbatch.gateway.kube import Conflict
 from llmbatch.gateway.mapping import (
     ANNOTATION_CANCEL_AT,
