@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.resources import BatchPoolSpec, PoolModel
 from llmbatch.api.shard import EngineSpec, ModelRef
 from llmbatch.api.slot import SlotSpec
 from llmbatch.controller import metrics
@@ -193,7 +193,6 @@ class SlotFleet:
         """Write a new slot's spec and first assignments, then create its Job (the model of
         its shards, or ``model_name`` for an empty one)."""
         slot = new_slot_name(pool_name)
-        prefix = keys.slot_prefix(pool_name, slot)
         queued = group[0].queued if group else None
         model_name = queued.model_name if queued else model_name
         model = next((m for m in pool.models if m.name == model_name), None)
@@ -203,11 +202,26 @@ class SlotFleet:
         # before revisions were recorded); an empty slot: the pool's current one (what new
         # batches pin).
         pinned = queued.revision if queued else model.revision
-        spec = SlotSpec(
+        spec = self._slot_spec(pool_name, pool, slot, model, pinned)
+        spec_key = f"{spec.channel_prefix}/spec.json"
+        await asyncio.to_thread(self.store.put, spec_key, spec.model_dump_json().encode())
+        for work in group:
+            await assign(pool_name, slot, work, now)
+        job = self._slot_job(pool_name, pool, pool_uid, slot, spec_key, model.name, pinned)
+        self._changed(pool_name)
+        await self.kube.create_or_adopt_job(job)
+        metrics.SLOT_STARTS.labels(pool_name).inc()
+        return slot
+
+    def _slot_spec(
+        self, pool_name: str, pool: BatchPoolSpec, slot: str, model: PoolModel, pinned: str | None
+    ) -> SlotSpec:
+        """What the slot's executor loads and how it talks to the scheduler."""
+        return SlotSpec(
             pool=pool_name,
             slot=slot,
             store=self.config.executor_store_uri,
-            channel_prefix=prefix,
+            channel_prefix=keys.slot_prefix(pool_name, slot),
             model=ModelRef(
                 name=model.name,
                 path=model.source,
@@ -220,17 +234,25 @@ class SlotFleet:
             heartbeat_seconds=self.config.slot_heartbeat_seconds,
             poll_seconds=self.config.slot_poll_seconds,
         )
-        spec_key = f"{prefix}/spec.json"
-        await asyncio.to_thread(self.store.put, spec_key, spec.model_dump_json().encode())
-        for work in group:
-            await assign(pool_name, slot, work, now)
+
+    def _slot_job(
+        self,
+        pool_name: str,
+        pool: BatchPoolSpec,
+        pool_uid: str | None,
+        slot: str,
+        spec_key: str,
+        model: str,
+        pinned: str | None,
+    ) -> dict[str, Any]:
+        """The slot's Job, annotated with what it serves and owned by its pool."""
         job = build_slot_job(
             config=self.config, pool_name=pool_name, pool=pool, slot=slot, spec_key=spec_key
         )
         job["metadata"]["annotations"] = {
-            ANNOTATION_MODEL: model.name,
+            ANNOTATION_MODEL: model,
             ANNOTATION_MODEL_REVISION: pinned or "",
-            ANNOTATION_REVISION: slot_revision(self.config, pool, model.name, pinned) or "",
+            ANNOTATION_REVISION: slot_revision(self.config, pool, model, pinned) or "",
         }
         if pool_uid:
             job["metadata"]["ownerReferences"] = [
@@ -241,10 +263,7 @@ class SlotFleet:
                     "uid": pool_uid,
                 }
             ]
-        self._changed(pool_name)
-        await self.kube.create_or_adopt_job(job)
-        metrics.SLOT_STARTS.labels(pool_name).inc()
-        return slot
+        return job
 
     async def remove(self, namespace: str, slot: ObservedSlot) -> None:
         """Delete the slot's Job (a hung process with it) and its channel."""
