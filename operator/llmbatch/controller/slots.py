@@ -34,10 +34,10 @@ from llmbatch.controller.slotstate import (
     ObservedSlot,
     SlotRound,
     Work,
+    WorkMemo,
     lease_key,
     max_num_seqs,
     pool_shares,
-    pool_work,
     slot_views,
     slots_signature,
 )
@@ -80,6 +80,7 @@ class SlotScheduler:
         self.config = config
         self.clock = clock
         self._known_waiting: dict[str, set[str]] = {}  # pool -> shards waiting at its last round
+        self._work = WorkMemo()  # each batch's shards, mapped again when its status changes
         self.fleet = SlotFleet(kube, store, config, lambda slot: self.observer.forget(slot))
         self.observer = SlotObserver(kube, store, config, self.fleet, self._io)
         self.settlement = Settlement(store, clock)
@@ -116,7 +117,7 @@ class SlotScheduler:
             look = await self.look(name, pool, now)
         result, slots = look.result, look.slots
         namespace = pool.worker_namespace
-        work = pool_work(name, batches)
+        work = self._work.pool_work(name, batches)
         # The store calls of a phase run in the round's threads, a slot (or a grant) each, all
         # at once: one by one, a round of 64 seats took seconds under load.
         settled = await asyncio.gather(
@@ -191,6 +192,7 @@ class SlotScheduler:
     def forget_pool(self, name: str) -> None:
         """Drop what is remembered of a deleted pool (its slots were forgotten one by one)."""
         self._known_waiting.pop(name, None)
+        self._work.forget_pool(name)
         self.observer.forget_pool(name)
         self.ledger.forget(name)
 
