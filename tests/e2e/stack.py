@@ -9,9 +9,24 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
+from llmbatch.commands.devstack import demo_pool
+from llmbatch.executor.models import MODELS, cache_dir
 from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.fixtures.gateway import GatewayProcess, wait_for_key
 from tests.fixtures.operator import ClusterCLI, OperatorProcess
+
+
+def prepared_pool(model: str) -> dict[str, Any]:
+    """The demo pool (one vLLM slot) of a model prepared in the model cache, under a name of
+    its own; the test fails when ``make models`` did not prepare it."""
+    known = MODELS[model]
+    if not known.is_prepared():
+        pytest.fail(f"{model} is not prepared: `make models` runs before the tests")
+    pool = demo_pool(str(known.folder()), str(cache_dir()))
+    pool["metadata"]["name"] = f"e2e-{model}-{uuid.uuid4().hex[:6]}"
+    return pool
 
 
 @contextlib.contextmanager

@@ -21,9 +21,8 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from openai.types.webhooks import BatchCompletedWebhookEvent
 
-from llmbatch.commands.devstack import demo_pool
-from llmbatch.executor.models import MODELS, cache_dir
-from tests.e2e.stack import serving
+from llmbatch.executor.models import MODELS
+from tests.e2e.stack import prepared_pool, serving
 from tests.fixtures.gateway import GatewayProcess
 from tests.fixtures.operator import ClusterCLI, OperatorProcess
 from tests.integration.test_operator import wait_for
@@ -50,11 +49,7 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[GatewayProcess, str, str]]:
     """A gateway sharing the operator's store, a SmolLM2 vLLM pool and a tenant with a key."""
-    model = MODELS["smollm2"]
-    if not model.is_prepared():
-        pytest.fail("SmolLM2 is not prepared: `make models` runs before the tests")
-    pool = demo_pool(str(model.folder()), str(cache_dir()))
-    pool["metadata"]["name"] = f"e2e-smollm2-{uuid.uuid4().hex[:6]}"
+    pool = prepared_pool("smollm2")
     with serving(cluster, operator_process, tmp_path_factory.mktemp("e2e-gateway"), pool) as up:
         yield up
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,10 +18,8 @@ import pytest
 from openai.types.chat import ChatCompletion
 from PIL import Image
 
-from llmbatch.commands.devstack import demo_pool
-from llmbatch.executor.models import MODELS, cache_dir
 from llmbatch.executor.tinyvlm import IMAGE_PROMPT_TOKENS
-from tests.e2e.stack import serving
+from tests.e2e.stack import prepared_pool, serving
 from tests.fixtures.gateway import GatewayProcess
 from tests.fixtures.operator import ClusterCLI, OperatorProcess
 from tests.integration.test_operator import wait_for
@@ -38,13 +35,10 @@ def vision_stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[GatewayProcess, str, str]]:
     """A one-slot vLLM pool serving tinyvlm (text and image input) behind a gateway."""
-    model = MODELS["tinyvlm"]
-    if not model.is_prepared():
-        pytest.fail("tinyvlm is not prepared: `make models` runs before the tests")
-    pool = demo_pool(str(model.folder()), str(cache_dir()))
-    pool["metadata"]["name"] = f"e2e-tinyvlm-{uuid.uuid4().hex[:6]}"
+    pool = prepared_pool("tinyvlm")
+    folder = pool["spec"]["models"][0]["source"]
     pool["spec"]["models"] = [
-        {"name": "tinyvlm", "source": str(model.folder()), "inputModalities": ["text", "image"]}
+        {"name": "tinyvlm", "source": folder, "inputModalities": ["text", "image"]}
     ]
     pool["spec"]["executor"]["engineArgs"] = ['--limit-mm-per-prompt={"image": 2}']
     with serving(cluster, operator_process, tmp_path_factory.mktemp("e2e-vlm"), pool) as up:

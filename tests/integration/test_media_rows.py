@@ -22,7 +22,7 @@ import pytest
 from llmbatch.core.billing import ESTIMATE_IMAGE_TOKENS
 from llmbatch.core.ids import batch_object_name
 from tests.fixtures.gateway import GatewayProcess
-from tests.fixtures.operator import ClusterCLI, OperatorProcess, simulated_pool
+from tests.fixtures.operator import ClusterCLI, OperatorProcess, catalog_pool
 from tests.integration.test_operator import (
     _POOLS,
     _delete_pools,  # noqa: F401  (autouse: each test's pools are deleted)
@@ -43,14 +43,7 @@ def models(cluster: ClusterCLI, tmp_path: pathlib.Path) -> tuple[str, str]:
     name, suffix = f"pool-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:6]
     text, vision = f"text-{suffix}", f"vision-{suffix}"
     _POOLS.append(name)
-    pricing = {"inputPerMillion": "1000", "outputPerMillion": "2000"}
-    pool = simulated_pool(
-        name,
-        text,
-        maxSlots=1,
-        tiers={"standard": {"drainTargetSeconds": 3600, "pricing": pricing}},
-        executor={"engineArgs": ["--latency-seconds=0.01", "--default-output-tokens=3"]},
-    )
+    pool = catalog_pool(name, text, output_tokens=3)
     pool["spec"]["models"] = [
         {"name": text, "source": "simulated"},
         {"name": vision, "source": "simulated", "inputModalities": ["text", "image"]},

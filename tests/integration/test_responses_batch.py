@@ -19,7 +19,7 @@ import pytest
 from openai.types.responses import Response
 
 from llmbatch.core.ids import batch_object_name
-from tests.fixtures.operator import ClusterCLI, OperatorProcess, simulated_pool
+from tests.fixtures.operator import ClusterCLI, OperatorProcess, catalog_pool
 from tests.integration.test_gateway import eventually
 from tests.integration.test_operator import (
     _POOLS,
@@ -39,15 +39,7 @@ def catalog_model(cluster: ClusterCLI, tmp_path: pathlib.Path) -> str:
     """A simulated catalog (Tokens) pool serving a model of its own; 1,000 / 2,000 per 1M."""
     name, model = f"pool-{uuid.uuid4().hex[:8]}", f"resp-model-{uuid.uuid4().hex[:6]}"
     _POOLS.append(name)
-    pricing = {"inputPerMillion": "1000", "outputPerMillion": "2000"}
-    pool = simulated_pool(
-        name,
-        model,
-        maxSlots=1,
-        tiers={"standard": {"drainTargetSeconds": 3600, "pricing": pricing}},
-        executor={"engineArgs": ["--latency-seconds=0.01", "--default-output-tokens=6"]},
-    )
-    apply(cluster, tmp_path, pool)
+    apply(cluster, tmp_path, catalog_pool(name, model, output_tokens=6))
     return model
 
 
