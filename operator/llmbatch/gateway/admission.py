@@ -52,24 +52,26 @@ class PoolPlan:
 def output_limit_required(
     pools: list[dict[str, Any]], model: str | None, tenant: Tenant | None = None
 ) -> bool:
-    """Whether every row of an upload for ``model`` must bound its output tokens (seed 000).
+    """Whether every row of an upload for ``model`` must bound its output tokens (seed 000):
+    :func:`pool_requires_output_limit` of the pool the operator will pick."""
+    return pool_requires_output_limit(choose_pool(pools, model, tenant=tenant))
 
-    The pool the operator will pick decides: a Tokens (catalog) pool always requires it, a
-    GPUTime (private) pool unless its ``limits.requireOutputTokenLimit`` is false. A model no
-    pool serves keeps the default (its batch fails validation anyway).
-    """
-    pool_obj = choose_pool(pools, model, tenant=tenant)
+
+def pool_requires_output_limit(pool_obj: dict[str, Any] | None) -> bool:
+    """A Tokens (catalog) pool always requires an output-token limit on every row, a GPUTime
+    (private) pool unless its ``limits.requireOutputTokenLimit`` is false. No pool (a model
+    none serves) keeps the default (its batch fails validation anyway)."""
     if pool_obj is None:
         return True
     return pool_output_limit_required(BatchPoolSpec.model_validate(pool_obj.get("spec") or {}))
 
 
 def pool_media_rules(
-    pools: list[dict[str, Any]], model: str | None, tenant: Tenant | None, remote_media: bool
+    pool_obj: dict[str, Any] | None, model: str | None, remote_media: bool
 ) -> MediaRules:
-    """The media rules of the pool the operator will pick for ``model`` (``core.admission``);
-    a model no pool serves: only the platform's egress (its batch fails anyway)."""
-    pool_obj = choose_pool(pools, model, tenant=tenant)
+    """The media rules of ``pool_obj``, the pool the operator will pick for ``model``
+    (``core.admission``); no pool (a model none serves): only the platform's egress (its batch
+    fails anyway)."""
     if pool_obj is None:
         return MediaRules(remote=remote_media)
     spec = BatchPoolSpec.model_validate(pool_obj.get("spec") or {})
@@ -85,10 +87,11 @@ def upload_limits(
 ) -> ValidationLimits:
     """The limits an upload's rows are checked against, settled by its first line's model:
     the output-token rule and the media rules of the pool that will serve it."""
+    pool_obj = choose_pool(pools, model, tenant=tenant)
     return replace(
         base,
-        require_output_token_limit=output_limit_required(pools, model, tenant),
-        media=pool_media_rules(pools, model, tenant, remote_media),
+        require_output_token_limit=pool_requires_output_limit(pool_obj),
+        media=pool_media_rules(pool_obj, model, remote_media),
     )
 
 

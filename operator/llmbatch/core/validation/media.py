@@ -42,12 +42,6 @@ class MediaTally:
     encoded_bytes: int = 0
     """Bytes of the lines that are base64 media payload (not text to tokenize)."""
 
-    def add(self, other: MediaTally) -> None:
-        self.images += other.images
-        self.audio_clips += other.audio_clips
-        self.audio_bytes += other.audio_bytes
-        self.encoded_bytes += other.encoded_bytes
-
     @property
     def empty(self) -> bool:
         return not (self.images or self.audio_clips)

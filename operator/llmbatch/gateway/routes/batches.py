@@ -21,9 +21,9 @@ from llmbatch.core.inline import inline_file
 from llmbatch.gateway import metrics
 from llmbatch.gateway.admission import (
     has_tenant_quota,
-    output_limit_required,
     plan_admission,
     pool_media_rules,
+    pool_requires_output_limit,
     refusal_error,
     reservation,
     tenant_quota_refusal,
@@ -153,17 +153,18 @@ async def _admit(
     if unserved is not None:
         metrics.BATCHES_REFUSED.labels("model_not_found").inc()
         raise unserved
-    if request.inline is not None and output_limit_required(pools, model, tenant):
+    pool_obj = choose_pool(pools, model, tenant=tenant)
+    if request.inline is not None and pool_requires_output_limit(pool_obj):
         unbounded = unbounded_inline_error(request.inline, request.spec.endpoint)
         if unbounded is not None:  # seed 000: the pool bills output tokens, rows must bound them
             raise unbounded
-    if request.inline is not None:
-        rules = pool_media_rules(pools, model, tenant, gw.settings.remote_media)
+    if request.inline is not None and not request.inline.size.media.empty:
+        # the parts were tallied at parse time: requests without any are not walked again
+        rules = pool_media_rules(pool_obj, model, gw.settings.remote_media)
         media_refused = inline_media_error(request.spec, rules)
         if media_refused is not None:
             metrics.BATCHES_REFUSED.labels(media_refused.code or "invalid_media").inc()
             raise media_refused
-    pool_obj = choose_pool(pools, model, tenant=tenant)
     plan = _admitted(plan_admission(pool_obj, request.spec.priority, size, request.input_param))
     if has_tenant_quota(annotations):
         batches = await gw.kube.list_objects("batches", namespace)
