@@ -27,8 +27,9 @@ def lease(state: LeaseState, **fields: object) -> ShardLease:
 
 @pytest.mark.parametrize(("state", "event"), list(itertools.product(STATES, LeaseEvent)))
 def test_every_event_in_every_state(state: LeaseState | None, event: LeaseEvent) -> None:
-    """Allowed transitions raise the generation and leave a slot only on a grant; the rest are
-    refused. Terminal states (done, failed, fenced) absorb every event."""
+    """Allowed transitions raise the generation and leave a slot only on a grant (the last one
+    kept as ``ran_on``); the rest are refused. Terminal states (done, failed, fenced) absorb
+    every event."""
     before = None if state is None else lease(state)
     after = transition(before, event, slot="s2", now=7.0)
     if (state, event) not in TRANSITIONS:
@@ -39,6 +40,9 @@ def test_every_event_in_every_state(state: LeaseState | None, event: LeaseEvent)
     assert after.state == TRANSITIONS[(state, event)]
     assert after.generation == (0 if before is None else before.generation) + 1
     assert after.slot == ("s2" if event is LeaseEvent.GRANT else "")
+    # the slot that ran it stays on record (the batch status names it), never as a fence
+    held = "" if before is None else before.slot
+    assert after.ran_on == ("s2" if event is LeaseEvent.GRANT else held)
 
 
 def test_open_states_are_the_grantable_ones() -> None:

@@ -77,6 +77,19 @@ def test_validate_run_finalize(h: ReconcilerHarness) -> None:
     assert h.jobs() == []  # the slot exited when idle (idleSeconds: 0) and its Job is removed
 
 
+def test_a_shard_seen_only_once_done_still_names_its_slot(h: ReconcilerHarness) -> None:
+    # the batch's step may first see a shard's lease after its run ended (an operator restarted
+    # while it ran lost the status patch that named the slot; or the grant and the end fell
+    # between two steps): the lease remembers the slot that ran it, so the status still does
+    submit(h, requests=5)
+    h.step_until(BATCH, "in_progress")
+    h.pool_round()  # granted
+    (slot,) = h.jobs()
+    h.run_jobs()  # run and settled done with no step of the batch in between
+    status = h.step_until(BATCH, "completed")
+    assert {s.get("job") for s in status["shards"]} == {slot["metadata"]["name"]}
+
+
 def test_cancel_mid_run_keeps_finished_results(h: ReconcilerHarness) -> None:
     submit(h, requests=5)
     h.step_until(BATCH, "in_progress")

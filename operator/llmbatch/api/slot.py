@@ -67,6 +67,12 @@ class ShardLease(BaseModel):
 
     generation: int = Field(ge=0, description="Raised on every grant (and when fenced).")
     slot: str = Field(default="", description="The slot holding the lease; empty when none.")
+    ran_on: str = Field(
+        default="",
+        description="The slot that held the lease last, kept after the run ended (done, "
+        "failed, released, fenced): the batch status names it even when it first reads the "
+        "lease after the run. Never a fence: only `slot` and `generation` are.",
+    )
     granted_at: float = Field(default=0.0, description="Unix seconds of the last grant.")
     state: LeaseState = Field(
         default="granted",

@@ -4,9 +4,10 @@ A lease (``api.slot.ShardLease``) is the placement record and the fencing token 
 the runner holding it writes only while the lease is ``granted``, to its slot, at its
 generation (``storage.slotchannel.LeaseFence``). So every event that takes the shard from a
 slot — a grant elsewhere, a release back to the queue, done, failed, fenced by finalisation —
-raises the generation and clears the slot: a runner that was paused or given up for lost can
-never pass the check again, and a repeated settlement (a lost answer retried) finds the lease
-already moved on instead of counting a second attempt.
+raises the generation and clears the slot (kept as ``ran_on``, a record, never a fence): a
+runner that was paused or given up for lost can never pass the check again, and a repeated
+settlement (a lost answer retried) finds the lease already moved on instead of counting a
+second attempt.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def transition(
         "generation": base.generation + 1,
         "state": TRANSITIONS[(None if lease is None else lease.state, event)],
         "slot": slot if event is LeaseEvent.GRANT else "",
+        "ran_on": slot if event is LeaseEvent.GRANT else (base.slot or base.ran_on),
     }
     if event is LeaseEvent.GRANT:
         update["granted_at"] = now

@@ -83,7 +83,7 @@ class ShardRuns(PhaseDeps):
     @staticmethod
     def _observe_lease(step: Step, shard: ShardStatus, lease: ShardLease) -> None:
         """Phase, slot, preemptions and re-runs of a shard from its lease."""
-        shard.job = lease.slot or shard.job
+        shard.job = lease.slot or lease.ran_on or shard.job
         shard.preemptions = lease.preemptions
         if lease.attempts > shard.reruns:
             message = lease.message or "the shard's run ended early"
