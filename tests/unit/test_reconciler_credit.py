@@ -166,3 +166,42 @@ def test_every_terminal_state_releases_the_reservation(h: ReconcilerHarness, pha
     assert (status["reserved"], status["activeBatches"]) == ("0.000000", 0)
     if phase != "completed":
         assert status["charged"] == "0.000000"
+
+
+def account_reads(h: ReconcilerHarness) -> int:
+    return sum(1 for call in h.kube.calls if call[:2] == ("get", "creditaccounts"))
+
+
+def test_a_tenant_without_an_account_costs_one_read_of_it_per_batch(
+    h: ReconcilerHarness,
+) -> None:
+    # acceptance looks for the account; the end does not look again when acceptance recorded
+    # none (it holds no reservation to release), and an account made meanwhile charges nothing
+    h.kube.add("batchfiles", make_input_file(h.store, FILE, 3))
+    h.kube.add("batches", make_batch(BATCH, input_file_id=FILE))
+    h.step_until(BATCH, "in_progress")
+    assert account_reads(h) == 1
+    account(h)
+    h.step(BATCH)
+    h.run_jobs()
+    status = h.step_until(BATCH, "completed")
+    assert status["billing"]["settledAt"]
+    assert "account" not in status["billing"]
+    assert account_reads(h) == 1
+    assert (ledger(h).get("charged") or "0") in ("0", "0.000000")
+
+
+def test_a_batch_refused_at_validation_releases_the_gateways_hold(h: ReconcilerHarness) -> None:
+    # no acceptance record: the end reads the account and gives back what the gateway held
+    account(h)
+    h.kube.add("batchfiles", make_input_file(h.store, FILE, 0))  # an empty input is refused
+    h.kube.add("batches", make_batch(BATCH, input_file_id=FILE))
+    gateway_hold(h, "2")
+    assert ledger(h)["reserved"] != "0.000000"
+    h.step_until(BATCH, "failed")
+    status = ledger(h)
+    assert (status["reserved"], status["activeBatches"], status["charged"]) == (
+        "0.000000",
+        0,
+        "0.000000",
+    )

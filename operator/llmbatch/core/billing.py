@@ -15,6 +15,7 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from typing import Any
 
 from llmbatch.api.resources import (
+    BatchBilling,
     BatchPoolSpec,
     CreditAccountStatus,
     CreditReservation,
@@ -375,6 +376,18 @@ def settle(
     return totals(
         limit, status.model_copy(update={"reservations": entries, "charged": money(charged)})
     )
+
+
+def holds_reservation(recorded: BatchBilling | None) -> bool:
+    """Whether a batch may hold a reservation its end must release (and charge).
+
+    A batch whose acceptance recorded no account holds none: acceptance found the tenant
+    without one, and an account made later holds no reservation of a batch already accepted
+    (:func:`settle` would find none and charge nothing) — so its end needs no read of the
+    account. Without a record (acceptance never ran, or the gateway reserved before a
+    validation that refused the batch) it may hold one: the account is read.
+    """
+    return recorded is None or recorded.account is not None
 
 
 def collect(

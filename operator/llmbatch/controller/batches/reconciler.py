@@ -32,6 +32,7 @@ from llmbatch.controller.credits import CreditLedger
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.poolcatalog import PoolCatalog
 from llmbatch.core import keys, lifecycle, tiers
+from llmbatch.core.billing import holds_reservation
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.storage.base import ObjectStore, delete_under
 
@@ -178,13 +179,13 @@ class BatchReconciler:
         run (the status patch was lost, the operator restarted) finds no reservation and
         charges nothing; ``billing.settledAt`` records it on the batch.
         """
-        charges = (
-            step.patch.billing if step.has("billing") else batch.status.billing
-        ) or BatchBilling()
+        recorded = step.patch.billing if step.has("billing") else batch.status.billing
+        charges = recorded or BatchBilling()
         if charges.settled_at:
             return
         cost = str((step.patch.cost if step.has("cost") else None) or batch.status.cost or "0")
-        await self.credits.settle(batch.namespace, batch.name, cost)
+        if holds_reservation(recorded):
+            await self.credits.settle(batch.namespace, batch.name, cost)
         step.set(billing=charges.model_copy(update={"settled_at": int(now)}))
 
     # --- deletion ------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ class BatchReconciler:
         """A batch deleted before it ended gives its reservation back; on a private pool the
         GPU time it used so far is charged, like a cancel."""
         charges = batch.status.billing or BatchBilling()
-        if charges.settled_at:
+        if charges.settled_at or not holds_reservation(batch.status.billing):
             return
         charge = "0"
         if charges.mode == "GPUTime":
