@@ -3,6 +3,7 @@ deliveries themselves run against the real control plane in tests/integration/te
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from llmbatch.controller.config import WebhookConfig
@@ -54,3 +55,44 @@ def test_recorded_deliveries_are_due_at_their_next_attempt() -> None:
     assert d._due == {("t", "batch-1"): retry.next_attempt_at}
     d.notice(batch("completed", deliveries=recorded(rules.after_success(retry, NOW))))
     assert d._due == {}  # delivered: nothing more to do
+
+
+class CountingIO:
+    """The dispatcher's Kubernetes side: the namespace's BatchWebhooks, reads of the Batch
+    counted."""
+
+    def __init__(self, hooks: list[dict[str, Any]]) -> None:
+        self.hooks = hooks
+        self.batch_reads = 0
+
+    async def webhooks(self, namespace: str) -> list[dict[str, Any]]:
+        return self.hooks
+
+    async def batch(self, namespace: str, name: str) -> Any:
+        self.batch_reads += 1
+        return None  # deleted meanwhile: nothing more to do either way
+
+
+def test_a_finished_batch_with_no_endpoint_in_its_namespace_costs_no_read() -> None:
+    d = dispatcher()
+    d.io = CountingIO([])  # type: ignore[assignment]
+    d.notice(batch("completed"))
+    asyncio.run(d.process("t", "batch-1"))
+    assert d.io.batch_reads == 0  # type: ignore[attr-defined]
+    assert d._due == {}
+    assert not d._unplanned
+    # with an endpoint there, the Batch is read (its deliveries planned from what it is now)
+    d = dispatcher()
+    d.io = CountingIO([{"metadata": {"name": "hook"}}])  # type: ignore[assignment]
+    d.notice(batch("completed"))
+    asyncio.run(d.process("t", "batch-1"))
+    assert d.io.batch_reads == 1  # type: ignore[attr-defined]
+
+
+def test_recorded_deliveries_are_read_whatever_the_endpoints() -> None:
+    (pending,) = rules.plan("u", "batch.completed", [("hook", "h1")], now=NOW - 10)
+    d = dispatcher()
+    d.io = CountingIO([])  # type: ignore[assignment]
+    d.notice(batch("completed", deliveries=recorded(pending)))
+    asyncio.run(d.process("t", "batch-1"))
+    assert d.io.batch_reads == 1  # type: ignore[attr-defined]

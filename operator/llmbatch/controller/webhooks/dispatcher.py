@@ -70,6 +70,9 @@ class WebhookDispatcher:
         self._checking: set[Key] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: dict[Key, int] = {}
+        self._unplanned: set[Key] = set()
+        """Batches whose last noticed body had no deliveries planned: while their namespace
+        has no BatchWebhook they are done with, without a read of the Batch."""
         self._listed: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(config.concurrency)
@@ -87,8 +90,10 @@ class WebhookDispatcher:
         recorded = deliveries_of(body)
         if recorded is None:
             if rules.owed(self.config.retry, _ended_at(body, self.clock()), self.clock()):
+                self._unplanned.add(key)
                 self.schedule(key, self.clock())
             return
+        self._unplanned.discard(key)
         due = recorded.next_due()
         if due is None:
             self._forget(key)
@@ -128,6 +133,7 @@ class WebhookDispatcher:
 
     def _forget(self, key: Key) -> None:
         self._due.pop(key, None)
+        self._unplanned.discard(key)
         self._set_pending(key, 0)
 
     def _set_pending(self, key: Key, count: int) -> None:
@@ -188,6 +194,11 @@ class WebhookDispatcher:
     async def process(self, namespace: str, name: str) -> None:
         """Plan (once) and attempt the due deliveries of one finished Batch."""
         key = (namespace, name)
+        if key in self._unplanned and not await self._webhooks(namespace, self.clock()):
+            # nothing planned and no endpoint to plan for: the usual finished batch costs no
+            # read (an endpoint made later hears only of batches that end after it)
+            self._forget(key)
+            return
         batch = await self.io.batch(namespace, name)
         kind = rules.event_type(((batch or {}).get("status") or {}).get("status"))
         if batch is None or kind is None:
