@@ -68,3 +68,14 @@ def test_no_kopf_changing_handler_on_batches() -> None:
     acceptance. The operator holds its own finalizer (``BATCH_FINALIZER``) and cleans up
     through the work queue."""
     assert _batch_handlers("_changing") == []
+
+
+def test_kopf_builds_no_essence_of_a_batch_and_keeps_a_pools() -> None:
+    """kopf deep-copies an object's essence at every watch event to diff it; nothing reads a
+    Batch's (no changing handler: the test above), a BatchPool's deletion handler needs its."""
+    storage = handlers.WatchOnlyBatches(prefix="llmbatch.io", key="last-handled-configuration")
+    meta = {"name": "x", "annotations": {"keep": "me"}}
+    batch = kopf.Body({"kind": "Batch", "metadata": meta, "spec": {"endpoint": "/v1/x"}})
+    pool = kopf.Body({"kind": "BatchPool", "metadata": meta, "spec": {"maxSlots": 2}})
+    assert storage.build(body=batch) == {}
+    assert storage.build(body=pool)["spec"] == {"maxSlots": 2}

@@ -74,6 +74,10 @@ class BatchCache:
         body = self._bodies.get(uid)
         return None if body is None else copy.deepcopy(body)
 
+    def peek(self, uid: str) -> dict[str, Any] | None:
+        """The cached body itself, to read only (:meth:`get` gives a copy to work on)."""
+        return self._bodies.get(uid)
+
     def drop(self, uid: str) -> None:
         body = self._bodies.pop(uid, None)
         if body is not None:

@@ -136,7 +136,7 @@ class BatchWork:
 
     def push(self, uid: str, priority: Priority, due: float | None = None) -> None:
         """Something about the batch's shards changed (the pool round) or it asked for a time."""
-        body = self.cache.get(uid)
+        body = self.cache.peek(uid)
         if body is None:
             return
         self._add(uid, priority, self.clock() if due is None else due, tier_rank(body))

@@ -43,6 +43,18 @@ SERVED = frozenset(filter(None, os.environ.get("LLMBATCH_NAMESPACES", "").split(
 SERVED_POOLS = frozenset(filter(None, os.environ.get("LLMBATCH_POOLS", "").split(",")))
 
 
+class WatchOnlyBatches(kopf.AnnotationsDiffBaseStorage):
+    """kopf's essence of an object, which it builds (a deep copy) for every watch event to find
+    what changed, left empty for Batches: their only kopf handler watches events, and changes
+    are found by the work queue (``controller.batchwork``), so nothing reads a Batch's diff.
+    BatchPools keep it (their deletion handler is a changing handler)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        if body.get("kind") == "Batch":
+            return kopf.BodyEssence()
+        return super().build(body=body, extra_fields=extra_fields)
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = OperatorConfig.from_env()
@@ -53,7 +65,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="llmbatch.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = WatchOnlyBatches(
         prefix="llmbatch.io", key="last-handled-configuration"
     )
     settings.posting.reporting_component = "llmbatch-operator"
