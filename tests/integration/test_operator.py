@@ -292,6 +292,34 @@ def test_happy_path_two_shards(
     assert "20" in printed
 
 
+def test_a_batch_of_many_shards_stays_a_small_object(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """Issue #30, item 4: a plan longer than the status lists (50 shards) is stored; the Batch
+    carries only its running and failed shards, and every request still has one result."""
+    pool = make_pool(cluster, tmp_path, shard_requests=2)
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(100))
+    sizes: list[int] = []
+
+    def ended() -> dict[str, Any] | None:
+        batch = get_batch(cluster, namespace, name)
+        sizes.append(len(json.dumps(batch.get("status") or {})))
+        return (
+            batch if (batch.get("status") or {}).get("status") in ("completed", "failed") else None
+        )
+
+    status = wait_for(ended, 180, f"batch {name} to end", operator_process.logs)["status"]
+    assert status["status"] == "completed", status
+    assert status["shardPlan"]["count"] == 50
+    assert status["succeededShards"]["count"] == 50
+    assert status["shards"] == []
+    # listed whole, 50 shards would be ~9.5 KB of status in every watch event and patch
+    assert max(sizes) < 4096, max(sizes)
+    outputs = read_lines(operator_process, namespace, status["outputFileID"])
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(100))
+    assert_accounted(status, outputs, [])
+
+
 def test_invalid_input_fails_without_jobs(
     cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
 ) -> None:

@@ -26,6 +26,7 @@ from llmbatch.controller.kube import Kube
 from llmbatch.controller.runningindex import running_entry
 from llmbatch.controller.slots import SlotScheduler
 from llmbatch.controller.slotstate import Look
+from llmbatch.core import shardbook
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
 from llmbatch.core.tiers import TIERS, tier_of
 from llmbatch.core.workqueue import Priority
@@ -188,9 +189,12 @@ class PoolScheduler:
         pool, phase = status.get("pool"), status.get("status")
         if deleted or not pool:
             return
-        unplaced = phase == "in_progress" and any(
-            shard.get("phase") == "Pending" and not shard.get("job")
-            for shard in status.get("shards") or []
+        unplaced = phase == "in_progress" and (
+            any(
+                shard.get("phase") == "Pending" and not shard.get("job")
+                for shard in status.get("shards") or []
+            )
+            or next(shardbook.raw_waiting(status), None) is not None
         )
         if unplaced or phase in STOPPED:
             self.kick(str(pool))

@@ -15,7 +15,7 @@ from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.api.resources.pool import FairSharing
 from llmbatch.api.slot import Assignment, SlotHeartbeat
 from llmbatch.controller.jobs import engine_args
-from llmbatch.core import keys, tiers
+from llmbatch.core import keys, shardbook, tiers
 from llmbatch.core.scheduling import (
     MAX_WEIGHT,
     MIN_WEIGHT,
@@ -187,17 +187,19 @@ def batch_work(pool_name: str, batch: dict[str, Any]) -> dict[str, Work]:
     uid, namespace = meta["uid"], meta["namespace"]
     tier = tiers.tier_of(spec.get("priority"), spec.get("metadata"))
     found: dict[str, Work] = {}
-    for shard in status.get("shards") or []:
-        if shard.get("phase") in ("Succeeded", "Failed"):
-            continue
-        index = int(shard["index"])
+    unfinished = [
+        (int(shard["index"]), int(shard.get("requestCount") or 0))
+        for shard in status.get("shards") or []
+        if shard.get("phase") not in shardbook.FINISHED
+    ]
+    for index, requests in unfinished + list(shardbook.raw_waiting(status)):
         prefix = keys.shard_prefix(namespace, uid, index)
         queued = QueuedShard(
             batch=f"{namespace}/{meta['name']}",
             tier=tier,
             created_at=float(status.get("createdAt") or 0),
             shard_index=index,
-            requests=int(shard.get("requestCount") or 0),
+            requests=requests,
             model=serving_key(str(status.get("model") or ""), status.get("modelRevision")),
             revision=status.get("modelRevision"),
         )

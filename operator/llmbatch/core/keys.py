@@ -64,6 +64,11 @@ def inline_input_key(namespace: str, batch_uid: str) -> str:
     return f"{work_prefix(namespace, batch_uid)}/input.jsonl"
 
 
+def shard_plan_key(namespace: str, batch_uid: str) -> str:
+    """Where a plan too long to list in the Batch's status is stored (core.shardbook)."""
+    return f"{work_prefix(namespace, batch_uid)}/plan.json"
+
+
 def shard_prefix(namespace: str, batch_uid: str, shard_index: int) -> str:
     """Output prefix of one shard's chunks and progress record."""
     return f"{work_prefix(namespace, batch_uid)}/shards/{shard_index:05d}"

@@ -211,6 +211,35 @@ class ShardStatus(CRModel):
     executor.backoffLimit."""
 
 
+class ShardPlanRef(CRModel):
+    """A plan of more shards than the status lists (docs/architecture.md, "Lean objects"): every
+    shard's byte range is one object in the store, and the status lists only the shards that
+    run, failed or were re-queued, plus :class:`SucceededShards` for those that finished."""
+
+    key: StoreKey
+    """Store key of the plan (a JSON list of every shard's range)."""
+    count: int
+    """Shards in the plan (indexes 0 to count - 1)."""
+    shard_requests: int
+    """Requests of every shard but the last (the planner cuts shards of one size)."""
+    last_requests: int
+    """Requests of the last shard."""
+
+
+class SucceededShards(CRModel):
+    """The shards of a stored plan (:class:`ShardPlanRef`) that succeeded, folded out of the
+    status's shard list (their results and progress are in the store)."""
+
+    indexes: Annotated[str, StringConstraints(max_length=4096, pattern=r"^[0-9,-]*$")] = ""
+    """Their indexes as ranges, e.g. ``0-57,60``."""
+    count: int = 0
+    """How many succeeded."""
+    preemptions: int = 0
+    """Times they were taken back for higher-priority work, together."""
+    reruns: int = 0
+    """Their runs that ended early, together."""
+
+
 class BatchBilling(CRModel):
     """Credit held for the batch while it runs, and when its cost was charged (docs/billing.md)."""
 
@@ -280,7 +309,13 @@ class BatchStatus(CRModel):
     cancelled_at: int | None = None
     """Unix seconds: cancelled."""
     shards: Annotated[list[ShardStatus], Field(max_length=1000)] | None = None
-    """The shard plan and each shard's state."""
+    """The shard plan and each shard's state; with a stored plan (``shardPlan``) only the
+    shards that run, failed or were re-queued (a shard not listed and not succeeded waits)."""
+    shard_plan: ShardPlanRef | None = None
+    """Where a plan of more shards than the status lists is stored (None: ``shards`` lists
+    every shard)."""
+    succeeded_shards: SucceededShards | None = None
+    """The shards of a stored plan that succeeded (no longer listed in ``shards``)."""
     pricing: Pricing | None = None
     """Token prices fixed at acceptance for the batch's tier."""
     cost: Decimal | None = None

@@ -28,10 +28,11 @@ from llmbatch.controller.batches.merge import MergedResults, ShardOutcome, merge
 from llmbatch.controller.batches.step import BatchView, Step, error, transition
 from llmbatch.controller.jobs import LABEL_BATCH_UID, slot_selector
 from llmbatch.controller.slotstate import work_key
-from llmbatch.core import keys
+from llmbatch.core import keys, shardbook
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import cost_of
 from llmbatch.core.retention import output_expires_at
+from llmbatch.core.validation.shards import ShardRange
 from llmbatch.storage.base import ObjectExists
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 
@@ -56,23 +57,34 @@ class Finalization(PhaseDeps):
         pool: BatchPoolSpec | None = await self.pool_of(batch.status.pool)
         return None if pool is None else pool.worker_namespace
 
-    async def _leases(self, batch: BatchView) -> list[tuple[ShardStatus, ShardLease]]:
+    async def _leases(self, batch: BatchView) -> list[tuple[int, ShardLease]]:
+        """(index, lease) of the batch's shards a slot holds."""
         found = []
-        for shard in batch.status.shards or []:
-            prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+        for index in _indexes(batch):
+            prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
             lease = await asyncio.to_thread(read_lease, self.store, keys.shard_lease_key(prefix))
             if lease is not None and lease.slot:
-                found.append((shard, lease))
+                found.append((index, lease))
         return found
+
+    async def _plan(self, batch: BatchView) -> list[ShardRange]:
+        """Every shard's range: the stored plan's, else the listed shards'."""
+        plan = batch.status.shard_plan
+        if plan is not None:
+            return shardbook.parse_plan(await asyncio.to_thread(self.store.get, plan.key))
+        return [
+            ShardRange(s.index, s.start, s.end, s.first_line, s.line_count, s.request_count)
+            for s in batch.status.shards or []
+        ]
 
     def _channel(self, batch: BatchView, slot: str) -> SlotChannel:
         return SlotChannel(self.store, keys.slot_prefix(batch.status.pool or "", slot))
 
     async def release_shards(self, batch: BatchView) -> None:
         """Take the batch's shards back from their slots (when the Batch is deleted)."""
-        for shard, lease in await self._leases(batch):
+        for index, lease in await self._leases(batch):
             channel = self._channel(batch, lease.slot)
-            await asyncio.to_thread(channel.revoke, work_key(batch.uid, shard.index))
+            await asyncio.to_thread(channel.revoke, work_key(batch.uid, index))
 
     async def _stop_shards(self, batch: BatchView) -> bool:
         """Take the batch's shards back from their slots; True once none can still write.
@@ -93,11 +105,11 @@ class Finalization(PhaseDeps):
             slots = {j["metadata"]["name"] for j in await self.kube.list_jobs(namespace, selector)}
         stopped = True
         cancelling = batch.status.status == Phase.CANCELLING
-        for shard, lease in leases:
-            key = work_key(batch.uid, shard.index)
+        for index, lease in leases:
+            key = work_key(batch.uid, index)
             channel = self._channel(batch, lease.slot)
             if cancelling and lease.state == "granted":
-                await asyncio.to_thread(self._mark_cancelled, batch, shard)
+                await asyncio.to_thread(self._mark_cancelled, batch, index)
             await asyncio.to_thread(channel.revoke, key)
             if lease.state == "done" or lease.slot not in slots:
                 continue
@@ -106,17 +118,17 @@ class Finalization(PhaseDeps):
             if any(r.key == key and r.state == "running" for r in reports):
                 stopped = False
         if stopped:  # every shard, so a grant racing this (never placed before) is refused too
-            for shard in batch.status.shards or []:
-                prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+            for index in _indexes(batch):
+                prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
                 await asyncio.to_thread(fence_lease, self.store, keys.shard_lease_key(prefix))
         return stopped
 
-    def _mark_cancelled(self, batch: BatchView, shard: ShardStatus) -> None:
+    def _mark_cancelled(self, batch: BatchView, index: int) -> None:
         """The cancel mark beside a shard's results, before its take-back: the slot then lets
         the shard's requests in the engine finish (for the pool's ``cancelDrainSeconds``), where
         any other take-back cuts them after the short drain (seed 002: "Cancel requested.
         Running requests finish.")."""
-        prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+        prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
         with contextlib.suppress(ObjectExists):
             self.store.put(keys.shard_cancel_key(prefix), b"{}", if_absent=True)
 
@@ -150,7 +162,7 @@ class Finalization(PhaseDeps):
         metrics.TOKENS.labels("input").inc(merged.input_tokens)
         metrics.TOKENS.labels("output").inc(merged.output_tokens)
 
-    def _never_run(self, batch: BatchView, shard: ShardStatus) -> tuple[str, str]:
+    def _never_run(self, batch: BatchView, shard: ShardStatus | None) -> tuple[str, str]:
         """(code, reason) of the error lines of a shard's requests that have no result."""
         if batch.status.status == Phase.CANCELLING:
             return "batch_cancelled", ""
@@ -158,19 +170,20 @@ class Finalization(PhaseDeps):
             return "batch_expired", ""
         if batch.has_condition("PoolDeleted"):
             return "pool_deleted", f"pool {batch.status.pool} was deleted before this request ran"
-        return "shard_failed", shard.message or "the shard did not finish"
+        return "shard_failed", (shard.message if shard else None) or "the shard did not finish"
 
     async def _merge(self, batch: BatchView) -> MergedResults:
         outcomes = []
-        for shard in batch.status.shards or []:
-            code, reason = self._never_run(batch, shard)
+        listed = {s.index: s for s in batch.status.shards or []}
+        for planned in await self._plan(batch):
+            code, reason = self._never_run(batch, listed.get(planned.index))
             outcomes.append(
                 ShardOutcome(
-                    index=shard.index,
-                    prefix=keys.shard_prefix(batch.namespace, batch.uid, shard.index),
-                    start=shard.start,
-                    end=shard.end,
-                    first_line=shard.first_line,
+                    index=planned.index,
+                    prefix=keys.shard_prefix(batch.namespace, batch.uid, planned.index),
+                    start=planned.start,
+                    end=planned.end,
+                    first_line=planned.first_line,
                     never_run_code=code,
                     reason=reason,
                 )
@@ -223,8 +236,8 @@ class Finalization(PhaseDeps):
         if charges is not None and charges.mode == "GPUTime":
             status = batch.status.model_copy(deep=True)
             busy = await busy_shares(self.store, batch.namespace, batch.uid, status)
-            for shard, share in zip(status.shards or [], busy, strict=True):
-                shard.run_seconds = max(shard.run_seconds, math.ceil(share))  # shown per shard
+            for shard in status.shards or []:  # shown per listed shard
+                shard.run_seconds = max(shard.run_seconds, math.ceil(busy.get(shard.index, 0)))
             step.set(shards=status.shards)
             used, cost = await gpu_time_charge(
                 self.store, batch.namespace, batch.uid, status, pool, charges.gpu_hour_price
@@ -309,3 +322,7 @@ def _result_file(
         },
     }
     return manifest
+
+
+def _indexes(batch: BatchView) -> range | list[int]:
+    return shardbook.shard_indexes(batch.status.shards, batch.status.shard_plan)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable
 
 from llmbatch.api.resources import BatchPoolSpec, BatchStatus
-from llmbatch.core import billing, keys
+from llmbatch.core import billing, keys, shardbook
 from llmbatch.storage.base import ObjectStore
 from llmbatch.storage.shardresults import read_progress
 
@@ -29,14 +29,15 @@ def gpu_seconds(busy: Iterable[float], gpus: int) -> int:
 
 async def busy_shares(
     store: ObjectStore, namespace: str, uid: str, status: BatchStatus
-) -> list[float]:
-    """Each shard's busy share as its progress record has it now (the status's ``runSeconds``
-    is folded at most every progress interval, and rounded)."""
-    shares = []
-    for shard in status.shards or []:
-        prefix = keys.shard_prefix(namespace, uid, shard.index)
+) -> dict[int, float]:
+    """Each shard's busy share by index, as its progress record has it now (the status's
+    ``runSeconds`` is folded at most every progress interval, and rounded)."""
+    listed = {s.index: float(s.run_seconds) for s in status.shards or []}
+    shares = {}
+    for index in shardbook.shard_indexes(status.shards, status.shard_plan):
+        prefix = keys.shard_prefix(namespace, uid, index)
         progress = await asyncio.to_thread(read_progress, store, prefix)
-        shares.append(float(shard.run_seconds) if progress is None else progress.busy_seconds)
+        shares[index] = listed.get(index, 0.0) if progress is None else progress.busy_seconds
     return shares
 
 
@@ -51,7 +52,7 @@ async def gpu_time_charge(
     """(GPU-seconds used, their cost) of a batch on a GPUTime pool: the one rule both its end
     and its deletion before its end charge by."""
     busy = await busy_shares(store, namespace, uid, status)
-    used = gpu_seconds(busy, gpus_per_slot(status, pool))
+    used = gpu_seconds(busy.values(), gpus_per_slot(status, pool))
     charge = billing.final_charge(
         "GPUTime",
         pricing=None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from llmbatch.api.resources import BatchPoolSpec, Phase, RequestCounts, ShardStatus, Usage
@@ -14,14 +15,17 @@ from llmbatch.api.slot import ShardLease
 from llmbatch.controller.batches.deps import PhaseDeps
 from llmbatch.controller.batches.step import BatchView, Step, set_condition, transition
 from llmbatch.controller.jobs import engine_args
-from llmbatch.core import keys
+from llmbatch.core import keys, shardbook
 from llmbatch.core.ids import batch_id_from_name, tenant_cache_salt
 from llmbatch.core.scheduling import revision_to_serve
+from llmbatch.core.shardbook import FINISHED
 from llmbatch.core.tiers import tier_of
+from llmbatch.core.validation.shards import ShardRange
 from llmbatch.storage.shardresults import read_progress
 from llmbatch.storage.slotchannel import read_lease
 
-FINISHED = ("Succeeded", "Failed")
+#: Stored plans held in memory (each a few KB; read again when dropped).
+PLANS_HELD = 1024
 
 
 @dataclass
@@ -29,9 +33,11 @@ class ShardRuns(PhaseDeps):
     """Runs the ``in_progress`` phase of one batch per call."""
 
     _last_progress: dict[str, float] = field(default_factory=dict, init=False)
+    _plans: OrderedDict[str, list[ShardRange]] = field(default_factory=OrderedDict, init=False)
 
     def forget(self, uid: str) -> None:
         self._last_progress.pop(uid, None)
+        self._plans.pop(uid, None)
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         pool_name = batch.status.pool or ""
@@ -39,11 +45,10 @@ class ShardRuns(PhaseDeps):
         if pool is None:
             self._pool_gone(batch, step, now, pool_name)
             return
-        shards = [s.model_copy(deep=True) for s in batch.status.shards or []]
+        shards = await self._working_shards(batch)
         for shard in shards:
             await self._track(batch, step, pool, shard)
-        if shards != batch.status.shards:
-            step.set(shards=shards)
+        self._record(batch, step, shards)
         if all(s.phase in FINISHED for s in shards):
             await self._fold_progress(batch, step, shards, now, force=True)
             transition(
@@ -58,6 +63,48 @@ class ShardRuns(PhaseDeps):
         await self._fold_progress(batch, step, shards, now)
         if batch.status.expires_at:
             step.again(float(batch.status.expires_at))
+
+    async def _working_shards(self, batch: BatchView) -> list[ShardStatus]:
+        """The shards this step tracks: the listed ones, and those of a stored plan that wait
+        unlisted (their ranges from the plan); a stored plan's succeeded shards are done with."""
+        listed = [s.model_copy(deep=True) for s in batch.status.shards or []]
+        plan = batch.status.shard_plan
+        if plan is None:
+            return listed
+        succeeded = batch.status.succeeded_shards
+        waiting = shardbook.unlisted_waiting(
+            plan.count, (s.index for s in listed), succeeded.indexes if succeeded else ""
+        )
+        if not waiting:
+            return listed
+        ranges = await self._plan(batch.uid, plan.key)
+        found = listed + [shardbook.waiting_shard(ranges[i]) for i in waiting]
+        return sorted(found, key=lambda s: s.index)
+
+    async def _plan(self, uid: str, key: str) -> list[ShardRange]:
+        """A stored plan (it never changes: read once while its batch runs)."""
+        plan = self._plans.get(uid)
+        if plan is None:
+            plan = shardbook.parse_plan(await asyncio.to_thread(self.store.get, key))
+            self._plans[uid] = plan
+            while len(self._plans) > PLANS_HELD:
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(uid)
+        return plan
+
+    @staticmethod
+    def _record(batch: BatchView, step: Step, shards: list[ShardStatus]) -> None:
+        """The shards into the status patch where they changed (a stored plan's in its bounded
+        form: :func:`llmbatch.core.shardbook.compact`)."""
+        if batch.status.shard_plan is None:
+            if shards != batch.status.shards:
+                step.set(shards=shards)
+            return
+        listed, succeeded = shardbook.compact(shards, batch.status.succeeded_shards)
+        if listed != (batch.status.shards or []):
+            step.set(shards=listed)
+        if succeeded != batch.status.succeeded_shards:
+            step.set(succeeded_shards=succeeded)
 
     async def _track(
         self, batch: BatchView, step: Step, pool: BatchPoolSpec, shard: ShardStatus
@@ -162,14 +209,17 @@ class ShardRuns(PhaseDeps):
         self._last_progress[batch.uid] = now
         counts = RequestCounts(total=(batch.status.request_counts or RequestCounts()).total)
         usage = Usage()
-        for shard in shards:
-            prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+        tracked = {s.index: s for s in shards}
+        for index in shardbook.shard_indexes(batch.status.shards, batch.status.shard_plan):
+            prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
             progress = await asyncio.to_thread(read_progress, self.store, prefix)
             if progress is None:
                 continue
-            shard.completed, shard.failed = progress.completed, progress.failed
-            # GPU time: the shard's share of its slots' busy time (docs/billing.md).
-            shard.run_seconds = math.ceil(progress.busy_seconds)
+            shard = tracked.get(index)  # None: a stored plan's succeeded shard, folded
+            if shard is not None:
+                shard.completed, shard.failed = progress.completed, progress.failed
+                # GPU time: the shard's share of its slots' busy time (docs/billing.md).
+                shard.run_seconds = math.ceil(progress.busy_seconds)
             counts.completed += progress.completed
             counts.failed += progress.failed
             usage.input_tokens += progress.input_tokens
@@ -182,5 +232,4 @@ class ShardRuns(PhaseDeps):
         old = batch.status.usage or Usage()
         if usage != old or batch.status.usage is None:
             step.set(usage=usage)
-        if shards != batch.status.shards:
-            step.set(shards=shards)
+        self._record(batch, step, shards)

@@ -18,7 +18,8 @@ from llmbatch.api.resources import (
     Phase,
     Pricing,
     RequestCounts,
-    ShardStatus,
+    ShardPlanRef,
+    SucceededShards,
     ValidationError,
 )
 from llmbatch.controller import metrics
@@ -33,7 +34,7 @@ from llmbatch.controller.batches.step import (
 from llmbatch.controller.credits import CreditLedger
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.poolcatalog import PoolCatalog
-from llmbatch.core import billing, keys, tiers
+from llmbatch.core import billing, keys, shardbook, tiers
 from llmbatch.core.admission import (
     check_pool_queue,
     check_tier,
@@ -52,6 +53,7 @@ from llmbatch.core.validation import (
     iter_lines,
     validate_stream,
 )
+from llmbatch.core.validation.shards import ShardRange
 from llmbatch.storage.base import IntegrityError, ObjectInfo, ObjectNotFound, ObjectStore
 
 Pool = tuple[str, BatchPoolSpec, dict[str, Any]]
@@ -115,7 +117,17 @@ class Validation:
             return
         finally:
             metrics.VALIDATION_SECONDS.observe(time.perf_counter() - started)
-        self._accept(batch, step, now, input_key, pool, verdict, charges, pricing)
+        plan = await self._store_plan(batch, verdict.shards)
+        self._accept(batch, step, now, input_key, pool, verdict, charges, pricing, plan)
+
+    async def _store_plan(self, batch: BatchView, shards: list[ShardRange]) -> ShardPlanRef | None:
+        """A plan too long to list in the status goes to the store (the same bytes each time
+        the same input is validated, so a step repeated after a lost patch writes them again)."""
+        if not shardbook.is_stored(shards):
+            return None
+        key = keys.shard_plan_key(batch.namespace, batch.uid)
+        await asyncio.to_thread(self.store.put, key, shardbook.plan_document(shards))
+        return shardbook.plan_ref(key, shards)
 
     async def _check(self, batch: BatchView) -> tuple[str, Pool, ValidationResult]:
         """The input key, the pool and the validator's verdict, or :class:`Rejected`."""
@@ -162,6 +174,7 @@ class Validation:
         verdict: ValidationResult,
         charges: BatchBilling,
         pricing: Pricing,
+        plan: ShardPlanRef | None,
     ) -> None:
         name, spec, _ = pool
         revision = next((m.revision for m in spec.models if m.name == verdict.model), None)
@@ -176,17 +189,9 @@ class Validation:
             input_bytes=verdict.total_bytes,
             request_counts=RequestCounts(total=verdict.request_count),
             pricing=pricing,
-            shards=[
-                ShardStatus(
-                    index=s.index,
-                    start=s.start,
-                    end=s.end,
-                    first_line=s.first_line,
-                    line_count=s.line_count,
-                    request_count=s.request_count,
-                )
-                for s in verdict.shards
-            ],
+            shards=[] if plan else [shardbook.waiting_shard(s) for s in verdict.shards],
+            shard_plan=plan,
+            succeeded_shards=SucceededShards() if plan else None,
         )
         transition(
             step,

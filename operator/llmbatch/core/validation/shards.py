@@ -17,10 +17,10 @@ class ShardRange:
     request_count: int
 
 
-#: The most shards a plan has, whatever the pool's ``shardRequests``: the plan lives in the
-#: Batch's status (about 250 bytes a shard), which every watch event and patch moves and etcd
-#: caps at 1.5 MiB. 200 shards keep a 50,000-request batch under ~50 KB of shard status and are
-#: still far more shards than a pool has slots to run them on at once.
+#: The most shards a plan has, whatever the pool's ``shardRequests``: each costs store objects
+#: (spec, lease, chunks, progress) and a read per progress fold of its batch. A long plan is
+#: stored, not listed in the status (:mod:`llmbatch.core.shardbook`); 200 are still far more
+#: shards than a pool has slots to run them on at once.
 MAX_SHARDS = 200
 
 
