@@ -313,7 +313,7 @@ def test_a_batch_of_many_shards_stays_a_small_object(
     assert status["shardPlan"]["count"] == 50
     assert status["succeededShards"]["count"] == 50
     assert status["shards"] == []
-    # listed whole, 50 shards would be ~9.5 KB of status in every watch event and patch
+    # listed whole, 50 shards would be ~10 KB of status in every watch event and patch
     assert max(sizes) < 4096, max(sizes)
     outputs = read_lines(operator_process, namespace, status["outputFileID"])
     assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(100))

@@ -99,3 +99,28 @@ def test_expiry_covers_the_shards_that_never_ran(h: ReconcilerHarness) -> None:
     errors = h.file_lines(status["errorFileID"])
     assert [e["error"]["code"] for e in errors] == ["batch_expired"] * REQUESTS
     assert _ids(errors) == Counter(f"req-{i}" for i in range(REQUESTS))
+
+
+def test_a_finished_shards_progress_is_read_once(
+    h: ReconcilerHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # work follows change: a fold reads the records of the shards still running, not of the
+    # ones whose final record it already read
+    h.step_until(BATCH, "in_progress")
+    h.step(BATCH)
+    h.run_shard(0)
+    h.step(BATCH)  # folds shard 0's final record
+    read: list[str] = []
+    get = h.store.get
+
+    def counting_get(key: str, *args: object, **kwargs: object) -> bytes:
+        read.append(key)
+        return get(key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(h.store, "get", counting_get)
+    h.step(BATCH)
+    h.step(BATCH)
+    uid = h.batch(BATCH)["metadata"]["uid"]
+    assert not [k for k in read if k.startswith(keys.shard_prefix(TENANT, uid, 0))]
+    status = h.status(BATCH)
+    assert status["requestCounts"]["completed"] == 2  # still counted

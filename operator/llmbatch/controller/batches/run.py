@@ -21,7 +21,7 @@ from llmbatch.core.scheduling import revision_to_serve
 from llmbatch.core.shardbook import FINISHED
 from llmbatch.core.tiers import tier_of
 from llmbatch.core.validation.shards import ShardRange
-from llmbatch.storage.shardresults import read_progress
+from llmbatch.storage.shardresults import Progress, read_progress
 from llmbatch.storage.slotchannel import read_lease
 
 #: Stored plans held in memory (each a few KB; read again when dropped).
@@ -34,10 +34,13 @@ class ShardRuns(PhaseDeps):
 
     _last_progress: dict[str, float] = field(default_factory=dict, init=False)
     _plans: OrderedDict[str, list[ShardRange]] = field(default_factory=OrderedDict, init=False)
+    _final: dict[str, dict[int, Progress]] = field(default_factory=dict, init=False)
+    """Per running batch, the progress records of its finished shards (they change no more)."""
 
     def forget(self, uid: str) -> None:
         self._last_progress.pop(uid, None)
         self._plans.pop(uid, None)
+        self._final.pop(uid, None)
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         pool_name = batch.status.pool or ""
@@ -210,12 +213,17 @@ class ShardRuns(PhaseDeps):
         counts = RequestCounts(total=(batch.status.request_counts or RequestCounts()).total)
         usage = Usage()
         tracked = {s.index: s for s in shards}
+        final = self._final.setdefault(batch.uid, {})
         for index in shardbook.shard_indexes(batch.status.shards, batch.status.shard_plan):
-            prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
-            progress = await asyncio.to_thread(read_progress, self.store, prefix)
-            if progress is None:
-                continue
             shard = tracked.get(index)  # None: a stored plan's succeeded shard, folded
+            progress = final.get(index)
+            if progress is None:
+                prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
+                progress = await asyncio.to_thread(read_progress, self.store, prefix)
+                if progress is None:
+                    continue
+                if progress.done and (shard is None or shard.phase in FINISHED):
+                    final[index] = progress  # read once: a finished shard's record is final
             if shard is not None:
                 shard.completed, shard.failed = progress.completed, progress.failed
                 # GPU time: the shard's share of its slots' busy time (docs/billing.md).
