@@ -615,6 +615,34 @@ def test_operator_killed_with_a_slot_running_resumes_exactly(
     assert all(s["job"] for s in status["shards"])  # the slot that ran each shard
 
 
+def test_operator_killed_mid_run_of_a_stored_plan_resumes_exactly(
+    cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """Issue #30, item 4: the same kill while a 30-shard batch (its plan in the store, its
+    status listing only running shards) is half done: nothing lost, nothing run twice."""
+    pool = make_pool(
+        cluster,
+        tmp_path,
+        shard_requests=2,
+        engine_args=["--latency-seconds=0.2", "--max-num-seqs=2"],
+    )
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(60))
+
+    def half_done() -> bool:
+        status = get_batch(cluster, namespace, name).get("status") or {}
+        return int((status.get("succeededShards") or {}).get("count") or 0) >= 5
+
+    wait_for(half_done, 120, "5 shards succeeded", operator_process.logs)
+    operator_process.restart()  # SIGKILL
+    batch = wait_status(cluster, operator_process, namespace, name, {"completed"}, timeout=240)
+    status = batch["status"]
+    assert status["shardPlan"]["count"] == 30
+    assert status["succeededShards"]["count"] == 30
+    outputs = read_lines(operator_process, namespace, status["outputFileID"])
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(60))
+    assert_accounted(status, outputs, [])
+
+
 def test_deleted_executor_pod_is_retried_without_duplicates(
     cluster: Any, namespace: str, operator_process: OperatorProcess, tmp_path: pathlib.Path
 ) -> None:

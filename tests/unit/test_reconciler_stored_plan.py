@@ -10,6 +10,8 @@ from collections import Counter
 
 import pytest
 
+from llmbatch.controller.batches import BatchReconciler
+from llmbatch.controller.pools import PoolScheduler
 from llmbatch.core import keys, shardbook
 from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
@@ -124,3 +126,25 @@ def test_a_finished_shards_progress_is_read_once(
     assert not [k for k in read if k.startswith(keys.shard_prefix(TENANT, uid, 0))]
     status = h.status(BATCH)
     assert status["requestCounts"]["completed"] == 2  # still counted
+
+
+def test_an_operator_restarted_mid_run_finishes_every_shard_once(h: ReconcilerHarness) -> None:
+    # a new operator holds no plan and no final records: it reads the plan again and rebuilds
+    # the shards from the status and the leases (the store's), with nothing lost or run twice
+    h.step_until(BATCH, "in_progress")
+    h.step(BATCH)
+    h.run_shard(0)
+    h.run_shard(1)
+    h.step(BATCH)
+    h.reconciler = BatchReconciler(h.kube, h.store, h.config, clock=h.clock)
+    h.pools = PoolScheduler(h.kube, h.store, h.config, clock=h.clock)
+    for _ in range(10):
+        if h.status(BATCH).get("status") != "in_progress":
+            break
+        h.run_jobs()
+        h.step(BATCH)
+    status = h.step_until(BATCH, "completed")
+    assert status["requestCounts"] == {"total": REQUESTS, "completed": REQUESTS, "failed": 0}
+    lines = h.file_lines(status["outputFileID"])
+    assert _ids(lines) == Counter(f"req-{i}" for i in range(REQUESTS))  # each once
+    assert status["succeededShards"]["count"] == SHARDS
