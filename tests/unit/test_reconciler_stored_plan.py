@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pathlib
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,18 @@ def _ids(lines: list[dict[str, object]]) -> Counter[object]:
     return Counter(line["custom_id"] for line in lines)
 
 
+def _run_to_completion(h: ReconcilerHarness) -> dict[str, Any]:
+    """Run the slots and step the batch until it completed with every request."""
+    for _ in range(10):
+        if h.status(BATCH).get("status") != "in_progress":
+            break
+        h.run_jobs()
+        h.step(BATCH)
+    status = h.step_until(BATCH, "completed")
+    assert status["requestCounts"] == {"total": REQUESTS, "completed": REQUESTS, "failed": 0}
+    return status
+
+
 def test_a_long_plan_is_stored_and_the_status_lists_only_live_shards(
     h: ReconcilerHarness,
 ) -> None:
@@ -53,13 +66,7 @@ def test_a_long_plan_is_stored_and_the_status_lists_only_live_shards(
     listed = h.status(BATCH)["shards"]
     assert listed
     assert all(s["phase"] == "Running" and s["job"] for s in listed)
-    for _ in range(10):
-        if h.status(BATCH).get("status") != "in_progress":
-            break
-        h.run_jobs()
-        h.step(BATCH)
-    status = h.step_until(BATCH, "completed")
-    assert status["requestCounts"] == {"total": REQUESTS, "completed": REQUESTS, "failed": 0}
+    status = _run_to_completion(h)
     assert _ids(h.file_lines(status["outputFileID"])) == Counter(
         f"req-{i}" for i in range(REQUESTS)
     )
@@ -138,13 +145,7 @@ def test_an_operator_restarted_mid_run_finishes_every_shard_once(h: ReconcilerHa
     h.step(BATCH)
     h.reconciler = BatchReconciler(h.kube, h.store, h.config, clock=h.clock)
     h.pools = PoolScheduler(h.kube, h.store, h.config, clock=h.clock)
-    for _ in range(10):
-        if h.status(BATCH).get("status") != "in_progress":
-            break
-        h.run_jobs()
-        h.step(BATCH)
-    status = h.step_until(BATCH, "completed")
-    assert status["requestCounts"] == {"total": REQUESTS, "completed": REQUESTS, "failed": 0}
+    status = _run_to_completion(h)
     lines = h.file_lines(status["outputFileID"])
     assert _ids(lines) == Counter(f"req-{i}" for i in range(REQUESTS))  # each once
     assert status["succeededShards"]["count"] == SHARDS
