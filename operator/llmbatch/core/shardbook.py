@@ -84,6 +84,13 @@ def waiting_shard(shard: ShardRange) -> ShardStatus:
     )
 
 
+def range_of(shard: ShardStatus) -> ShardRange:
+    """A listed shard's range (:func:`waiting_shard` the other way)."""
+    return ShardRange(
+        shard.index, shard.start, shard.end, shard.first_line, shard.line_count, shard.request_count
+    )
+
+
 def unlisted_waiting(count: int, listed: Iterable[int], succeeded: str) -> list[int]:
     """The shards of a stored plan of ``count`` that wait for their first slot: neither
     ``listed`` nor ``succeeded``."""

@@ -23,7 +23,7 @@ from llmbatch.api.resources import (
 from llmbatch.api.slot import ShardLease
 from llmbatch.controller import metrics
 from llmbatch.controller.batches.deps import PhaseDeps
-from llmbatch.controller.batches.gputime import busy_shares, gpu_time_charge
+from llmbatch.controller.batches.gputime import busy_shares, charge_of
 from llmbatch.controller.batches.merge import MergedResults, ShardOutcome, merge_shard_outputs
 from llmbatch.controller.batches.step import BatchView, Step, error, transition
 from llmbatch.controller.jobs import LABEL_BATCH_UID, slot_selector
@@ -72,10 +72,7 @@ class Finalization(PhaseDeps):
         plan = batch.status.shard_plan
         if plan is not None:
             return shardbook.parse_plan(await asyncio.to_thread(self.store.get, plan.key))
-        return [
-            ShardRange(s.index, s.start, s.end, s.first_line, s.line_count, s.request_count)
-            for s in batch.status.shards or []
-        ]
+        return [shardbook.range_of(s) for s in batch.status.shards or []]
 
     def _channel(self, batch: BatchView, slot: str) -> SlotChannel:
         return SlotChannel(self.store, keys.slot_prefix(batch.status.pool or "", slot))
@@ -239,9 +236,7 @@ class Finalization(PhaseDeps):
             for shard in status.shards or []:  # shown per listed shard
                 shard.run_seconds = max(shard.run_seconds, math.ceil(busy.get(shard.index, 0)))
             step.set(shards=status.shards)
-            used, cost = await gpu_time_charge(
-                self.store, batch.namespace, batch.uid, status, pool, charges.gpu_hour_price
-            )
+            used, cost = charge_of(busy, status, pool, charges.gpu_hour_price)
             step.set(cost=cost, billing=charges.model_copy(update={"gpu_seconds": used}))
         elif pricing is not None:
             step.set(

@@ -52,6 +52,16 @@ async def gpu_time_charge(
     """(GPU-seconds used, their cost) of a batch on a GPUTime pool: the one rule both its end
     and its deletion before its end charge by."""
     busy = await busy_shares(store, namespace, uid, status)
+    return charge_of(busy, status, pool, gpu_hour_price)
+
+
+def charge_of(
+    busy: dict[int, float],
+    status: BatchStatus,
+    pool: BatchPoolSpec | None,
+    gpu_hour_price: str | None,
+) -> tuple[int, str]:
+    """(GPU-seconds used, their cost) from the shards' busy shares (:func:`busy_shares`)."""
     used = gpu_seconds(busy.values(), gpus_per_slot(status, pool))
     charge = billing.final_charge(
         "GPUTime",
