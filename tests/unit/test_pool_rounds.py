@@ -309,3 +309,28 @@ def test_a_kick_after_a_long_full_round_waits_a_multiple_of_that_round(
     asyncio.run(h.pools.step("pool-a", pool_spec(h), pool_status(h), None, list))
     h.pools.kick("pool-a")
     assert h.pools.due("pool-a")
+
+
+def test_a_round_that_waits_on_the_store_paces_the_next_by_its_loop_time(
+    tmp_path: pathlib.Path,
+) -> None:
+    """#30's burst: a round granting a hundred shards waits ~0.4 s on store writes in its
+    threads while the event loop serves acceptances; paced by that wall time, rounds came a
+    second apart and each accepted batch waited for the next. The pace is ROUND_PACE times
+    the loop's CPU time in the round (here 10 ms of 400), so a kick after it is due within
+    30 ms, not 1 s."""
+    h = harness(tmp_path, minSlots=0, maxSlots=1)
+    submit(h, "batch-" + "w" * 24, requests=4)
+    cpu = [0.0]
+    h.pools.loop_clock = lambda: cpu[0]
+
+    def batches() -> list[dict[str, Any]]:
+        h.now += 0.4  # the round's wall time: mostly store writes in its threads
+        cpu[0] += 0.01  # the loop's share of it
+        return [e["pool-a"] for b in h.kube.all("batches") if (e := running_entry(b))]
+
+    asyncio.run(h.pools.step("pool-a", pool_spec(h), pool_status(h), None, batches))
+    h.pools.kick("pool-a")
+    assert not h.pools.due("pool-a")
+    h.now += ROUND_PACE * 0.01 + 0.001
+    assert h.pools.due("pool-a")
