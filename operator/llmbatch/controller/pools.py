@@ -25,7 +25,7 @@ from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.runningindex import running_entry
 from llmbatch.controller.slots import SlotScheduler
-from llmbatch.controller.slotstate import Look
+from llmbatch.controller.slotstate import Look, SlotRound
 from llmbatch.core import shardbook
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
 from llmbatch.core.tiers import TIERS, tier_of
@@ -66,6 +66,46 @@ STOPPED = frozenset({"finalizing", "cancelling", "completed", "failed", "expired
 #: this (the watch's lag, under load seconds); older, the pool's status is the truth (another
 #: replica may have led meanwhile).
 LATEST_SECONDS = 10.0
+
+
+def _observe(
+    name: str,
+    pool: BatchPoolSpec,
+    placed: SlotRound,
+    scaled: ScaleState,
+    backlog: dict[str, int],
+    throughput: float,
+    tenant_metrics: bool,
+) -> None:
+    """The round's figures on the operator's metrics."""
+    for seconds in placed.run_seconds:
+        metrics.SHARD_RUN_SECONDS.labels(name).observe(seconds)
+    for tier in TIERS:
+        metrics.QUEUE_DEPTH.labels(name, tier).set(sum(1 for q in placed.waiting if q.tier == tier))
+    metrics.JOBS_RUNNING.labels(name).set(placed.busy)
+    metrics.WARM_SLOTS.labels(name).set(placed.warm)
+    metrics.DESIRED_SLOTS.labels(name).set(scaled.desired)
+    drain: dict[str, int] = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
+    metrics.observe_pool(name, backlog, drain, pool.max_slots, throughput)
+    if placed.tenants is not None:
+        metrics.observe_tenants(name, placed.tenants, tenant_metrics)
+
+
+def _report(
+    placed: SlotRound, scaled: ScaleState, backlog: dict[str, int], throughput: float
+) -> dict[str, Any]:
+    """The pool status the round computed (``PoolScheduler.step`` patches what changed)."""
+    wanted: dict[str, Any] = {
+        "slotsInUse": placed.busy,
+        "warmSlots": placed.warm,
+        "desiredSlots": scaled.desired,
+        "queueDepth": backlog,
+        "throughputPerSlot": f"{throughput:.4f}",
+        "scaleDownSince": int(scaled.below_since) if scaled.below_since is not None else None,
+    }
+    if placed.tenants is not None:
+        wanted["fairSharing"] = placed.tenants
+    return wanted
 
 
 def _backlog(batches: list[dict[str, Any]], pool: str) -> dict[str, int]:
@@ -379,31 +419,10 @@ class PoolScheduler:
             self._backlogged.add(name)
         else:
             self._backlogged.discard(name)
-        for seconds in placed.run_seconds:
-            metrics.SHARD_RUN_SECONDS.labels(name).observe(seconds)
         for requests, seconds in placed.learned:
             throughput = learn_throughput(throughput, requests, seconds)
-        for tier in TIERS:
-            metrics.QUEUE_DEPTH.labels(name, tier).set(
-                sum(1 for q in placed.waiting if q.tier == tier)
-            )
-        metrics.JOBS_RUNNING.labels(name).set(placed.busy)
-        metrics.WARM_SLOTS.labels(name).set(placed.warm)
-        metrics.DESIRED_SLOTS.labels(name).set(scaled.desired)
-        drain: dict[str, int] = {t: getattr(pool.tiers, t).drain_target_seconds for t in TIERS}
-        metrics.observe_pool(name, backlog, drain, pool.max_slots, throughput)
-        wanted = {
-            "slotsInUse": placed.busy,
-            "warmSlots": placed.warm,
-            "desiredSlots": scaled.desired,
-            "queueDepth": backlog,
-            "throughputPerSlot": f"{throughput:.4f}",
-            "scaleDownSince": int(scaled.below_since) if scaled.below_since is not None else None,
-        }
-        if placed.tenants is not None:
-            wanted["fairSharing"] = placed.tenants
-            metrics.observe_tenants(name, placed.tenants, self.tenant_metrics)
-        result.status = wanted
+        _observe(name, pool, placed, scaled, backlog, throughput, self.tenant_metrics)
+        result.status = _report(placed, scaled, backlog, throughput)
         ended = self.clock()
         cost = min(ended - now, self.loop_clock() - loop_started)
         self._cost[name] = (ended, max(0.0, cost))
