@@ -137,43 +137,61 @@ async def create_at_once(
 
 
 class CompletionWatch:
-    """When each Batch was first seen ``completed``, from one ``kubectl get batches --watch``
+    """When each Batch was first seen ``completed``, from a ``kubectl get batches --watch``
     started before the creates: the API server sends each change once as it happens, where
     polling listed all N Batches (inline requests and all) every second — a LIST of 200
     objects a second on the API server the operator shares two cores with, and a completion
-    seen up to a second late."""
+    seen up to a second late. The API server may close a watch that falls behind in a burst
+    (kubectl then exits): the watch is started again, its first listing shows what completed
+    meanwhile (timed when seen: late), and the restarts are counted and reported."""
 
-    def __init__(self, kubeconfig: pathlib.Path, namespace: str) -> None:
+    def __init__(self, kubeconfig: pathlib.Path, namespace: str, log: pathlib.Path) -> None:
         self.done: dict[str, float] = {}
-        self._process = subprocess.Popen(
-            [
-                str(kubectl_binary()),
-                f"--kubeconfig={kubeconfig}",
-                "get",
-                "batches",
-                "-n",
-                namespace,
-                "--watch",
-                "-o",
-                r"jsonpath={.metadata.name} {.status.status}{'\n'}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        self.log = log
+        """kubectl's stderr: why a watch ended."""
+        self.restarts = 0
+        self._command = [
+            str(kubectl_binary()),
+            f"--kubeconfig={kubeconfig}",
+            "get",
+            "batches",
+            "-n",
+            namespace,
+            "--watch",
+            "-o",
+            r"jsonpath={.metadata.name} {.status.status}{'\n'}",
+        ]
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[str] | None = None
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        assert self._process.stdout is not None
-        for line in self._process.stdout:
-            name, _, phase = line.strip().partition(" ")
-            if phase == "completed":
-                self.done.setdefault(name, time.time())
+        while True:
+            with self._lock:  # stop() sees the process started, or none starts after it
+                if self._stopped.is_set():
+                    return
+                with self.log.open("a") as errors:
+                    self._process = subprocess.Popen(
+                        self._command, stdout=subprocess.PIPE, stderr=errors, text=True
+                    )
+            assert self._process.stdout is not None
+            for line in self._process.stdout:
+                name, _, phase = line.strip().partition(" ")
+                if phase == "completed":
+                    self.done.setdefault(name, time.time())
+            self._process.wait()
+            if not self._stopped.is_set():
+                self.restarts += 1
+                time.sleep(0.2)
 
     def stop(self) -> None:
-        self._process.terminate()
-        self._process.wait(timeout=30)
+        with self._lock:
+            self._stopped.set()
+            if self._process is not None:
+                self._process.terminate()
+        self._reader.join(timeout=30)
 
 
 def wait_warm(store: pathlib.Path, slots: int, timeout: float = 300) -> None:
@@ -334,7 +352,7 @@ def main() -> None:
             )
         before = request_counts(kc)
         cpu_before = cpu_seconds(operator.pid)
-        watch = CompletionWatch(kc, "bench")
+        watch = CompletionWatch(kc, "bench", work / "watch.log")
         time.sleep(1)  # its (empty) listing is done: from now on it sees every change
         started = time.time()
         sent = asyncio.run(create_at_once(kc, batches))
@@ -377,7 +395,10 @@ def main() -> None:
             f"{args.slot_concurrency or 'default'} shards, "
             f"simulated engine; completion from a watch, first results from the store"
         )
-        print(f"completed: {len(done)}/{args.batches} in {max(to_done, default=0):.0f} s")
+        print(
+            f"completed: {len(done)}/{args.batches} in {max(to_done, default=0):.0f} s "
+            f"(completion watch restarted {watch.restarts} times: {watch.log})"
+        )
         print(f"slots started         {len(slots)}")
         if to_accept:
             print(
