@@ -683,3 +683,70 @@ def test_the_client_lists_jobs_and_pods_as_the_api_sent_them(kube: Kube) -> None
     assert jobs[0]["spec"]["template"]["spec"]["restartPolicy"] == "Never"
     assert pods == []  # suspended: no pod
     assert status == 400
+
+
+def test_the_client_writes_our_objects_and_events_as_the_api_answers(kube: Kube) -> None:
+    """Creates, patches, status writes and Events go through ``call_json`` (the answer parsed
+    once, no generated models): each returns the object as the API wrote it, a write on a
+    stale resourceVersion or a taken name is :class:`Conflict`, one on a missing object None
+    (or False), and an Event lands on its object."""
+    from llmbatch.kube import KubeClient
+    from llmbatch.kube.client import Conflict
+
+    kube.kubectl("apply", "-f", str(REPO / "crds"))
+    kube.kubectl(
+        "wait", "--for=condition=Established", "--timeout=30s", "crd/creditaccounts.llmbatch.io"
+    )
+    body = {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "CreditAccount",
+        "metadata": {"name": "default"},
+        "spec": {"limit": "10", "currency": "USD"},
+    }
+    namespace = kube.namespace
+
+    async def go() -> dict[str, Any]:
+        api = await KubeClient.connect(str(kube.kubeconfig))
+        try:
+            created = await api.create_custom("creditaccounts", namespace, body)
+            with pytest.raises(Conflict):
+                await api.create_custom("creditaccounts", namespace, body)
+            version = created["metadata"]["resourceVersion"]
+            written = await api.patch_custom_status_at(
+                "creditaccounts", namespace, "default", {"status": {"reserved": "1"}}, version
+            )
+            assert written is not None
+            assert written["status"]["reserved"] == "1"
+            with pytest.raises(Conflict):  # the version before that write
+                await api.patch_custom_status_at(
+                    "creditaccounts", namespace, "default", {"status": {"reserved": "2"}}, version
+                )
+            with pytest.raises(Conflict):
+                await api.replace_custom_status(
+                    "creditaccounts", namespace, "default", {**created, "status": {}}
+                )
+            patched = await api.patch_custom(
+                "creditaccounts", namespace, "default", {"metadata": {"labels": {"a": "b"}}}
+            )
+            assert patched is not None
+            assert patched["metadata"]["labels"] == {"a": "b"}
+            assert await api.patch_custom("creditaccounts", namespace, "none", {}) is None
+            assert not await api.patch_custom_status("creditaccounts", namespace, "none", {})
+            involved = {
+                "apiVersion": "llmbatch.io/v1alpha1",
+                "kind": "CreditAccount",
+                "namespace": namespace,
+                "name": "default",
+                "uid": created["metadata"]["uid"],
+            }
+            assert await api.post_event(
+                involved, "Tested", "an Event", warning=False, component="test"
+            )
+            return written
+        finally:
+            await api.close()
+
+    written = asyncio.run(go())
+    events = kube.get("events")
+    assert [e["reason"] for e in events if e["involvedObject"]["name"] == "default"] == ["Tested"]
+    assert written["metadata"]["uid"] == kube.get("creditaccounts")[0]["metadata"]["uid"]
