@@ -382,7 +382,7 @@ class KubeClient:
             propagation_policy="Orphan" if orphan else None,
         )
         try:
-            await self.call(
+            await self.call_json(
                 self.custom.delete_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -405,7 +405,7 @@ class KubeClient:
             "metadata": {"name": name},
         }
         try:
-            await self.call(
+            await self.call_json(
                 self.custom.create_cluster_custom_object,
                 "kopf.dev",
                 "v1",
@@ -478,14 +478,13 @@ class KubeClient:
         """Create a Job; on 409 (it exists: a restarted operator) adopt the existing one."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            job = await self.call(
+            return await self.call_json(
                 self.batch.create_namespaced_job, namespace, body, retry_5xx=False
             )
-            return self.plain(job)
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        return self.plain(await self.call(self.batch.read_namespaced_job, name, namespace))
+        return await self.call_json(self.batch.read_namespaced_job, name, namespace)
 
     async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         listing = await self.call_json(
@@ -494,12 +493,12 @@ class KubeClient:
         return list(listing.get("items") or [])
 
     async def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        await self.call(self.batch.patch_namespaced_job, name, namespace, patch)
+        await self.call_json(self.batch.patch_namespaced_job, name, namespace, patch)
 
     async def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and, in the background, its pods; a missing Job is not an error."""
         try:
-            await self.call(
+            await self.call_json(
                 self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background"
             )
         except ApiException as exc:
@@ -516,7 +515,9 @@ class KubeClient:
         """Delete the pods of deleted Jobs that the garbage collector has not reached yet."""
         for pod in await self.list_pods(namespace, selector):
             try:
-                await self.call(self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace)
+                await self.call_json(
+                    self.core.delete_namespaced_pod, pod["metadata"]["name"], namespace
+                )
             except ApiException as exc:
                 if exc.status != 404:
                     raise
