@@ -275,6 +275,7 @@ def main() -> None:
         detach=False,
     )
     operator: subprocess.Popen[bytes] | None = None
+    watch: CompletionWatch | None = None
     try:
         kc = cluster.kubeconfig
         kubectl(kc, "apply", "-f", str(repo_root() / "crds"))
@@ -443,6 +444,8 @@ def main() -> None:
             + ",  ".join(f"{part} {t:.1f} s" for part, t in sorted(spent_cpu.items()))
         )
     finally:
+        if watch is not None:  # a run cut short leaves no kubectl watching a stopped cluster
+            watch.stop()
         if operator is not None:
             operator.terminate()
             operator.wait(timeout=30)

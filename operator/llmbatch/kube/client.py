@@ -89,10 +89,9 @@ class KubeClient:
         """:meth:`call` answered with the plain dict the API sent, parsed once: the generated
         client would build a model object of every item and the caller serialize it back (for a
         listing of Jobs that round trip cost ten times the parse), and parses even a custom
-        object's answer with the standard library's json. Every read and write of our own
-        objects and every Event goes this way (a burst's Event posts built a V1Event with
-        parsed timestamps each, only to drop it: the operator's CPU per 200-batch burst fell
-        ~10 %)."""
+        object's answer with the standard library's json. Every call of this client goes this
+        way (a burst's Event posts built a V1Event with parsed timestamps each, only to drop
+        it: the operator's CPU per 200-batch burst fell ~10 %)."""
 
         async def fetch(*fetch_args: Any, **fetch_kwargs: Any) -> dict[str, Any]:
             response = await fn(*fetch_args, _preload_content=False, **fetch_kwargs)
