@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 
 -include hack/mk/*.mk
 
-.PHONY: help venv lint fmt verify gen test test-unit demo clean
+.PHONY: help venv lock lint fmt verify gen test test-unit demo clean
 help:
 	@echo "make demo      run the main job (README)"
 	@echo "make test      lint, verify and run every test tier"
@@ -30,12 +30,22 @@ help:
 	@echo "make verify    fail when generated files (CRDs, chart, schema) drift"
 	@echo "make gen       regenerate CRDs, chart CRD templates and values schema"
 
+# The dev venv gets the versions of hack/requirements-dev.lock (a fresh machine resolves what the
+# tests last passed with, not what the index published today); `make lock` refreshes it.
 venv: $(VENV)/.stamp-base
-$(VENV)/.stamp-base: pyproject.toml
+$(VENV)/.stamp-base: pyproject.toml hack/requirements-dev.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
-	$(UV) pip install -q --python $(BIN)/python -e '.[dev]'
+	$(UV) pip install -q --python $(BIN)/python -e '.[dev]' -c hack/requirements-dev.lock
 	touch $@
+
+# Re-resolve pyproject's dependencies (runtime + dev) into hack/requirements-dev.lock, keeping
+# the versions it already pins and agreeing with the engine stack's exact pins (which
+# hack/install-vllm.sh installs with --no-deps on top). LOCK_UPGRADE=1 takes the newest instead.
+lock: | $(VENV)/.stamp-base
+	$(UV) pip compile -q pyproject.toml --extra dev -c hack/requirements-vllm.txt \
+		--python-version 3.11 --custom-compile-command "make lock" \
+		$(if $(LOCK_UPGRADE),--upgrade) -o hack/requirements-dev.lock
 
 lint: venv
 	$(BIN)/ruff check operator tests hack benchmarks

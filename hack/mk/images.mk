@@ -50,7 +50,7 @@ IMAGE_TOOLS := podman runc mmdebstrap umoci skopeo
 IMAGE_BASE_TAR := $(IMAGES_DIR)/base-bookworm.tar
 # README.md is in the build context too (the wheel's long description) but not a prerequisite:
 # a figure edited there would otherwise rebuild all three images (~17 min).
-IMAGE_SRCS := pyproject.toml .dockerignore hack/images/build.sh \
+IMAGE_SRCS := pyproject.toml hack/requirements-dev.lock .dockerignore hack/images/build.sh \
 	$(shell find operator -type f -not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
 images-local: $(foreach name,$(IMAGE_LOCAL_NAMES),$(IMAGES_DIR)/$(name)/index.json)
