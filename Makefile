@@ -29,6 +29,7 @@ help:
 	@echo "make lint      ruff, mypy --strict, import-linter"
 	@echo "make verify    fail when generated files (CRDs, chart, schema) drift"
 	@echo "make gen       regenerate CRDs, chart CRD templates and values schema"
+	@echo "make lock      re-resolve hack/requirements-dev.lock (the dev venv's versions)"
 
 # The dev venv gets the versions of hack/requirements-dev.lock (a fresh machine resolves what the
 # tests last passed with, not what the index published today); `make lock` refreshes it.
