@@ -252,11 +252,11 @@ class GatewayKube:
             return await self.kube.namespace_labels(namespace)
 
     async def list_key_secrets(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
-        listing = await self.kube.call(
+        listing = await self.kube.call_json(
             self.kube.core.list_namespaced_secret, namespace, label_selector=f"{KEY_LABEL}=true"
         )
-        items = [self.kube.plain(item) for item in listing.items]
-        return items, str(listing.metadata.resource_version or "")
+        items: list[dict[str, Any]] = list(listing.get("items") or [])
+        return items, str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
     async def watch_key_secrets(
         self, namespace: str, resource_version: str, timeout_seconds: int

@@ -109,11 +109,6 @@ class KubeClient:
 
         return await self.call(fetch, *args, **kwargs)
 
-    def plain(self, obj: Any) -> dict[str, Any]:
-        """A generated model object as the camelCase dict the API sends."""
-        result: dict[str, Any] = self.api.sanitize_for_serialization(obj)
-        return result
-
     # --- custom objects of llmbatch.io ---------------------------------------------------------
 
     async def get_custom(
