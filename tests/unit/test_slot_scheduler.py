@@ -14,7 +14,7 @@ import pytest
 
 from llmbatch.api.slot import ShardLease, ShardReport, SlotHeartbeat
 from llmbatch.controller import metrics
-from llmbatch.controller.pools import ACCEPTED_TTL, running_entry
+from llmbatch.controller.pools import ACCEPTED_TTL, QUIET_SECONDS, running_entry
 from llmbatch.core import keys
 from llmbatch.storage.slotchannel import SlotChannel, fence_lease, read_lease
 from tests.fixtures.builders import TENANT, WORKERS, make_batch, make_input_file, make_pool
@@ -345,6 +345,34 @@ def test_shards_found_waiting_are_not_read_again_while_they_wait(
     h.run_slot(slot, exits=False)
     h.pool_round()  # the seat goes to the next in line, without reading it again either
     assert lease_of(h, names[1]).state == "granted"  # type: ignore[attr-defined]
+
+
+def test_a_shard_whose_lease_ended_is_not_read_again_while_its_batch_lists_it(
+    h: ReconcilerHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished shard stays in its batch's status as unfinished until the batch's next step
+    folds it (under a burst, finalising waits behind acceptance): its lease, done, is read by
+    the round that finds it so, and not by the rounds after (done, failed and fenced leases
+    never change again). Once the status shows it finished it leaves the memory."""
+    name = submit(h, "batch-" + "e" * 24, requests=2)
+    h.pool_round()
+    (slot,) = h.jobs()
+    h.run_slot(slot, exits=False)  # the shard done; its batch's status still lists it Pending
+    h.pool_round()  # settles the run (the lease done, the assignment revoked), finds it done
+    uid = h.batch(name)["metadata"]["uid"]
+    lease_key = keys.shard_lease_key(keys.shard_prefix(TENANT, uid, 0))
+    store = h.pools.slots.store
+    reads: list[str] = []
+    get = store.get
+    monkeypatch.setattr(store, "get", lambda key, *a: reads.append(key) or get(key, *a))
+    for _ in range(3):
+        h.now += QUIET_SECONDS  # a full round each time, not a look
+        h.pool_round()
+    assert lease_key not in reads
+    assert lease_of(h, name).state == "done"  # type: ignore[attr-defined]
+    h.step(name)  # the batch folds it: finished, completed
+    h.pool_round()
+    assert h.pools.slots._known_ended.get("pool-a", set()) == set()
 
 
 def test_a_pool_deleted_during_a_round_keeps_no_slot_that_round_starts(

@@ -44,7 +44,7 @@ from llmbatch.controller.slotstate import (
 from llmbatch.controller.slotwatch import SlotObserver
 from llmbatch.core import keys
 from llmbatch.core.fairshare import tenant_preemptions
-from llmbatch.core.leases import OPEN_STATES, LeaseEvent, transition
+from llmbatch.core.leases import ENDED_STATES, OPEN_STATES, LeaseEvent, transition
 from llmbatch.core.scheduling import QueuedShard, Shares, unserved
 from llmbatch.core.slots import (
     Placement,
@@ -80,6 +80,7 @@ class SlotScheduler:
         self.config = config
         self.clock = clock
         self._known_waiting: dict[str, set[str]] = {}  # pool -> shards waiting at its last round
+        self._known_ended: dict[str, set[str]] = {}  # pool -> shards whose lease has ended
         self._work = WorkMemo()  # each batch's shards, mapped again when its status changes
         self.fleet = SlotFleet(kube, store, config, lambda slot: self.observer.forget(slot))
         self.observer = SlotObserver(kube, store, config, self.fleet, self._io)
@@ -192,6 +193,7 @@ class SlotScheduler:
     def forget_pool(self, name: str) -> None:
         """Drop what is remembered of a deleted pool (its slots were forgotten one by one)."""
         self._known_waiting.pop(name, None)
+        self._known_ended.pop(name, None)
         self._work.forget_pool(name)
         self.observer.forget_pool(name)
         self.ledger.forget(name)
@@ -199,24 +201,42 @@ class SlotScheduler:
     def _waiting(self, pool_name: str, candidates: list[Work]) -> list[Work]:
         """The shards no slot holds that wait for one (not done, not given up). A shard found
         waiting in the last round and not granted since is still waiting (only this operator
-        moves a lease on, and a grant refuses a lease that finalisation fenced), so only the
-        others' leases are read: a long queue costs no store reads per round."""
+        moves a lease on, and a grant refuses a lease that finalisation fenced), and one whose
+        lease was found ended (done, failed, fenced: no event leaves those) never waits again,
+        so only the others' leases are read: neither a long queue nor the shards that finished
+        before their batch's status says so cost store reads per round (under a burst, where
+        finalising waits behind acceptance, those were most of a round's reads)."""
         known = self._known_waiting.get(pool_name, set())
-        waiting = [work for work in candidates if work.key in known or self._queued(work)]
+        ended = self._known_ended.get(pool_name, set())
+        waiting: list[Work] = []
+        still_ended: set[str] = set()
+        for work in candidates:
+            if work.key in ended:
+                still_ended.add(work.key)
+            elif work.key in known:
+                waiting.append(work)
+            else:
+                state = self._lease_state(work)
+                if state == "waiting":
+                    waiting.append(work)
+                elif state in ENDED_STATES:
+                    still_ended.add(work.key)
         self._known_waiting[pool_name] = {work.key for work in waiting}
+        self._known_ended[pool_name] = still_ended  # forgotten once the batch's status shows it
         return waiting
 
-    def _queued(self, work: Work) -> bool:
-        """Whether the shard waits for a slot; a lease or spec this round cannot read (a store
-        error on that shard's keys, a message of another version) waits for the next round."""
+    def _lease_state(self, work: Work) -> str | None:
+        """``waiting`` for a shard that waits for a slot, else its lease's state; None for a
+        lease or spec this round cannot read (a store error on that shard's keys, a message of
+        another version): it waits for the next round."""
         try:
             lease = read_lease(self.store, work.lease_key)
             if lease is None:  # never placed: queued once the batch has written its spec
-                return self.store.head(work.spec_key) is not None
+                return "waiting" if self.store.head(work.spec_key) is not None else None
         except (StoreError, ValidationError) as exc:
             log.warning("shard %s: not placed this round: %s", work.key, exc)
-            return False
-        return lease.state in OPEN_STATES
+            return None
+        return "waiting" if lease.state in OPEN_STATES else lease.state
 
     async def _withdraw_unserved(
         self, pool_name: str, pool: BatchPoolSpec, waiting: list[Work], result: SlotRound

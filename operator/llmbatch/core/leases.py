@@ -55,6 +55,12 @@ OPEN_STATES: frozenset[LeaseState] = frozenset(
 )
 
 
+#: Lease states no event leaves (done, failed, fenced): a shard seen in one never waits again.
+ENDED_STATES: frozenset[LeaseState] = frozenset(
+    after for after in TRANSITIONS.values() if not any(s == after for s, _ in TRANSITIONS)
+)
+
+
 def allowed(lease: ShardLease | None, event: LeaseEvent) -> bool:
     """Whether ``event`` may happen to ``lease`` (None: the shard has no lease yet)."""
     return (None if lease is None else lease.state, event) in TRANSITIONS
