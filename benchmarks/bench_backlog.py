@@ -371,7 +371,7 @@ def etcd_mib(state: pathlib.Path) -> float:
 
 
 def setup(kc: pathlib.Path, tenants: int, repo: pathlib.Path) -> None:
-    kubectl(kc, "apply", "-f", str(repo_root() / "crds"))
+    kubectl(kc, "apply", "-R", "-f", str(repo_root() / "crds"))  # with crds/admission
     kubectl(kc, "wait", "--for=condition=Established", "crd/batches.llmbatch.io")
     objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}

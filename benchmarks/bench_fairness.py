@@ -50,7 +50,7 @@ WEIGHTS = {"fx": 1.0, "fy": 1.0, "fz": 2.0}
 
 def setup(kc: pathlib.Path, repo: pathlib.Path, seats: int, queue: int | None) -> None:
     """CRDs, tenant namespaces (weights annotated) and a pool of one warm slot."""
-    kubectl(kc, "apply", "-f", str(repo_root() / "crds"))
+    kubectl(kc, "apply", "-R", "-f", str(repo_root() / "crds"))  # with crds/admission
     kubectl(kc, "wait", "--for=condition=Established", "crd/batches.llmbatch.io")
     objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}

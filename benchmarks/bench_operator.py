@@ -278,7 +278,7 @@ def main() -> None:
     watch: CompletionWatch | None = None
     try:
         kc = cluster.kubeconfig
-        kubectl(kc, "apply", "-f", str(repo_root() / "crds"))
+        kubectl(kc, "apply", "-R", "-f", str(repo_root() / "crds"))  # with crds/admission
         kubectl(kc, "wait", "--for=condition=Established", "crd/batches.llmbatch.io")
         objects: list[dict[str, Any]] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}

@@ -176,7 +176,7 @@ class Stack:
         )
         self.kc = self.cluster.kubeconfig
         self.operator: subprocess.Popen[bytes] | None = None
-        kubectl(self.kc, "apply", "-f", str(repo_root() / "crds"))
+        kubectl(self.kc, "apply", "-R", "-f", str(repo_root() / "crds"))  # with crds/admission
         kubectl(self.kc, "wait", "--for=condition=Established", "crd/batches.llmbatch.io")
         objects: list[dict[str, Any]] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}

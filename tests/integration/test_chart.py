@@ -365,6 +365,35 @@ def test_crds_follow_enabled_and_keep() -> None:
     ]
 
 
+MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+
+
+@pytest.mark.parametrize(
+    ("api_versions", "sets", "installed"),
+    [((MAP_API,), (), True), ((), (), False), ((MAP_API,), ("batchFinalizerPolicy=false",), False)],
+    ids=["served", "not-served", "disabled"],
+)
+def test_the_finalizer_policy_where_the_api_server_serves_it(
+    api_versions: tuple[str, ...], sets: tuple[str, ...], installed: bool
+) -> None:
+    """The policy that puts the operator's finalizer on Batches at create, named after the
+    release, bound to itself; left out on clusters before 1.36 (the operator adds it there)."""
+    objects = render(sets=sets, api_versions=api_versions)
+    kinds = {o["kind"]: o for o in objects if o["kind"].startswith("MutatingAdmissionPolicy")}
+    if not installed:
+        assert kinds == {}
+        return
+    policy, binding = kinds["MutatingAdmissionPolicy"], kinds["MutatingAdmissionPolicyBinding"]
+    assert policy["metadata"]["name"].startswith(
+        objects[0]["metadata"]["labels"]["app.kubernetes.io/instance"]
+    )
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["batches"]
+    assert rule["operations"] == ["CREATE"]
+    assert "llmbatch.io/cleanup" in policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+
+
 @pytest.mark.parametrize("values", VALUE_SETS, ids=lambda p: p.stem)
 def test_every_pod_is_restricted(values: pathlib.Path) -> None:
     specs = pod_specs(render(values))

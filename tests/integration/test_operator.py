@@ -24,7 +24,7 @@ from openai.types.chat import ChatCompletion
 from llmbatch.core.ids import batch_id_from_name, batch_request_id
 from llmbatch.core.keys import file_key, inline_staging_key
 from llmbatch.storage import FilesystemStore
-from tests.fixtures.operator import WORKER_NAMESPACE, OperatorProcess, simulated_pool
+from tests.fixtures.operator import ROOT, WORKER_NAMESPACE, OperatorProcess, simulated_pool
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "sim-model"
@@ -290,6 +290,57 @@ def test_happy_path_two_shards(
     printed = cluster.kubectl("get", "batches", "-n", namespace)
     assert "completed" in printed
     assert "20" in printed
+
+
+@pytest.fixture
+def finalizer_policy(cluster: Any, tmp_path: pathlib.Path) -> Iterator[None]:
+    """The admission policy of crds/admission, as the chart installs it on Kubernetes >= 1.36,
+    for one test: every other test of the session runs without it, the operator adding the
+    finalizer itself (older clusters)."""
+    policy = ROOT / "crds" / "admission"
+    cluster.kubectl("apply", "-f", str(policy))
+    probe = {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "Batch",
+        "metadata": {"name": "batch-probe", "namespace": "default"},
+        "spec": {"endpoint": "/v1/chat/completions", "inputFileID": "file-probe"},
+    }
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(probe))
+    deadline = time.monotonic() + 30
+    while True:  # the API server picks a new policy up from its own watch, within a second
+        seen = json.loads(
+            cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", str(path))
+        )
+        if seen["metadata"].get("finalizers"):
+            break
+        assert time.monotonic() < deadline, "the finalizer policy never took effect"
+        time.sleep(0.2)
+    yield
+    cluster.kubectl("delete", "-f", str(policy), "--wait=true")
+
+
+def test_a_batch_created_under_the_finalizer_policy_costs_no_metadata_write(
+    cluster: Any,
+    namespace: str,
+    operator_process: OperatorProcess,
+    tmp_path: pathlib.Path,
+    finalizer_policy: None,
+) -> None:
+    """With the policy the API server puts the finalizer on the Batch as it creates it: the
+    operator runs the batch to the end without a write of its own to its metadata (the one
+    write of a kubectl Batch that the gateway's Batches never needed)."""
+    pool = make_pool(cluster, tmp_path)
+    name = make_batch(cluster, tmp_path, namespace, pool=pool, requests=chat_requests(4))
+    batch = wait_status(cluster, operator_process, namespace, name, {"completed", "failed"})
+    assert batch["status"]["status"] == "completed"
+    assert batch["metadata"]["finalizers"] == ["llmbatch.io/cleanup"]
+    batch = kubectl_json(cluster, "get", "batch", name, "-n", namespace, "--show-managed-fields")
+    entries = batch["metadata"]["managedFields"]
+    # kubectl's create is the one writer of the object itself; the operator writes the status
+    # subresource only (without the policy its finalizer patch shows here as a second writer)
+    writers = {entry["manager"] for entry in entries if not entry.get("subresource")}
+    assert writers == {"kubectl-client-side-apply"}, entries
 
 
 def test_a_batch_of_many_shards_stays_a_small_object(

@@ -228,7 +228,8 @@ def setup(state_dir: Path, kubeconfig: str, gateway_port: int = GATEWAY_PORT) ->
     from llmbatch.executor.models import MODELS, cache_dir
     from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 
-    _kubectl(kubeconfig, "apply", "-f", str(repo_root() / "crds"))
+    # -R: the CRDs and crds/admission, the finalizer policy the chart installs on Kubernetes >= 1.36
+    _kubectl(kubeconfig, "apply", "-R", "-f", str(repo_root() / "crds"))
     _kubectl(
         kubeconfig,
         "wait",
