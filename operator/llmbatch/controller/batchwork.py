@@ -10,8 +10,9 @@ and resyncs; a failed reconcile is retried with backoff.
 A worker reads the batch from the cache (``BatchCache``: never older than this operator's own
 last write), takes one step, and writes the status patch itself with the ``resourceVersion`` of
 the body it stepped on as a precondition: a step on a body someone else changed meanwhile is
-refused (409), the batch is read again and stepped again. Events are posted only after their
-patch landed, so a refused step announces nothing.
+refused (409), the batch is read again and stepped again. Events are recorded only after their
+patch landed, so a refused step announces nothing, and posted off the reconcile path
+(``controller.eventrecorder``): a worker hands the batch's shards to the pool first.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from llmbatch.api.resources import API_VERSION, BATCH_FINALIZER
 from llmbatch.controller.batchcache import BatchCache
 from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.batches.step import announce
+from llmbatch.controller.eventrecorder import EventRecorder
 from llmbatch.controller.kube import Kube
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.core.lifecycle import TERMINAL
@@ -111,6 +113,7 @@ class BatchWork:
         self._started = clock()
         self.steps = 0
         """Steps taken since start (for tests and benchmarks)."""
+        self.events = EventRecorder(kube, COMPONENT)
 
     # --- what makes a batch due ----------------------------------------------------------------
 
@@ -179,12 +182,14 @@ class BatchWork:
     async def run(self, workers: int, stop: asyncio.Event) -> None:
         """Drain the queue with ``workers`` concurrent reconciles until ``stop`` is set."""
         tasks = [asyncio.create_task(self._worker(stop)) for _ in range(workers)]
+        tasks.append(asyncio.create_task(self.events.run()))
         try:
             await stop.wait()
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self.events.close()
 
     async def run_due(self) -> int:
         """Reconcile, one at a time, every batch due now (and what that makes due); the number
@@ -193,6 +198,7 @@ class BatchWork:
         while (uid := self.queue.pop(self.clock())) is not None:
             await self._work_on(uid)
             count += 1
+        await self.events.flush()
         return count
 
     async def _worker(self, stop: asyncio.Event) -> None:
@@ -254,9 +260,9 @@ class BatchWork:
                 await self._reread(body)
                 self._add(uid, priority, self.clock(), tier_rank(body))
                 return
-        await self._announce(body, step)
-        if self.on_step is not None:
+        if self.on_step is not None:  # the pool first: its shards wait for nothing else
             self.on_step(body, step, patch)
+        self._announce(body, step)
         self._schedule(uid, body, step)
 
     async def _hold(self, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -324,9 +330,9 @@ class BatchWork:
         else:
             self.cache.put(fresh)
 
-    async def _announce(self, body: dict[str, Any], step: Step) -> None:
+    def _announce(self, body: dict[str, Any], step: Step) -> None:
         """The step's patch landed: its phase changes are logged and counted, its Events
-        posted."""
+        recorded for posting."""
         meta = body["metadata"]
         announce(meta["namespace"], meta["name"], step)
         involved = {
@@ -337,9 +343,7 @@ class BatchWork:
             "uid": meta["uid"],
         }
         for event_type, reason, message in step.posted_events():
-            await self.kube.post_event(
-                involved, reason, message, warning=event_type == "Warning", component=COMPONENT
-            )
+            self.events.record(involved, reason, message, warning=event_type == "Warning")
 
     def _schedule(self, uid: str, body: dict[str, Any], step: Step) -> None:
         """The times the batch asked for, and its safety resync while it is not finished."""

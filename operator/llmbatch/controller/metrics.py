@@ -42,6 +42,12 @@ TOKENS = Counter(
     ["direction"],
     registry=REGISTRY,
 )
+EVENTS_DROPPED = Counter(
+    "llmbatch_events_dropped_total",
+    "Kubernetes Events of batches dropped unposted: the operator's queue of Events waiting to "
+    "be posted was full (an API server refusing them for long).",
+    registry=REGISTRY,
+)
 SHARD_INCOMPLETE = Counter(
     "llmbatch_shard_incomplete_total",
     "Shard runs that ended done without a result for every request of their range (a broken "
