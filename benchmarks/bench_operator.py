@@ -12,8 +12,16 @@ operator and the slots used from the first create until all completed (from ``/p
 small machine they share the cores, and the latencies are what that sharing leaves). The
 operator runs with its production intervals (reconcile 2 s, progress fold 5 s, slot poll 0.5 s).
 
+Before the burst, ``--warmup`` batches (default 1) run to completion in a namespace of their own,
+as a long-running operator and cluster have done before any burst: the operator's first batch
+imports the modules of each step, the API server's first create of a Batch fetches and parses
+the group's OpenAPI schema for the finalizer policy (each of the first concurrent creates did,
+~0.35 s of CPU in the profile), the slots open their first shard. ``--warmup 0`` measures a
+fresh operator and cluster, as the figures before 2026-12-05 did.
+
     .venv/bin/python benchmarks/bench_operator.py [--batches 200] [--requests 10]
         [--slot-concurrency N]  # shards per slot; default: the pool default (unset)
+        [--warmup N]  # batches run before the burst (default 1; 0: a fresh operator)
 """
 
 from __future__ import annotations
@@ -115,7 +123,7 @@ def first_commits(
 
 
 async def create_at_once(
-    kubeconfig: pathlib.Path, batches: list[dict[str, Any]]
+    kubeconfig: pathlib.Path, batches: list[dict[str, Any]], namespace: str = "bench"
 ) -> dict[str, float]:
     """Create the Batches concurrently (32 requests in flight, as many clients would), each
     timed from just before its request is sent: the API server, not one client's sequence of
@@ -127,7 +135,7 @@ async def create_at_once(
     async def create(body: dict[str, Any]) -> None:
         async with gate:
             sent[body["metadata"]["name"]] = time.time()
-            await kube.create_custom("batches", "bench", body)
+            await kube.create_custom("batches", namespace, body)
 
     try:
         await asyncio.gather(*(create(b) for b in batches))
@@ -192,6 +200,47 @@ class CompletionWatch:
             if self._process is not None:
                 self._process.terminate()
         self._reader.join(timeout=30)
+
+
+def run_warmup(kubeconfig: pathlib.Path, count: int, timeout: float = 120) -> None:
+    """Run ``count`` batches in namespace ``warmup`` until every one has completed."""
+    if count <= 0:
+        return
+    names = [f"batch-warmup{i:03d}" for i in range(count)]
+    bodies = [batch_body(name, "warmup", 10) for name in names]
+    asyncio.run(create_at_once(kubeconfig, bodies, "warmup"))
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        phases = kubectl(
+            kubeconfig, "get", "batches", "-n", "warmup", "-o", "jsonpath={.items[*].status.status}"
+        ).split()
+        if len(phases) == count and all(phase == "completed" for phase in phases):
+            time.sleep(1)  # their completion's writes and Events settle before the burst
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the warm-up batches did not complete within {timeout:.0f} s")
+
+
+def batch_body(name: str, namespace: str, requests: int) -> dict[str, Any]:
+    """A Batch of ``requests`` inline chat requests for the simulated model."""
+    lines = [
+        {
+            "customID": f"r{j}",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+            },
+        }
+        for j in range(requests)
+    ]
+    return {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "Batch",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"endpoint": "/v1/chat/completions", "requests": lines},
+    }
 
 
 def wait_warm(store: pathlib.Path, slots: int, timeout: float = 300) -> None:
@@ -265,6 +314,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--slot-concurrency", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--warmup", type=int, default=1, help="batches run before the burst")
     parser.add_argument(
         "--timeline", type=pathlib.Path, help="write each batch's moments (epoch s) as JSON here"
     )
@@ -282,7 +332,7 @@ def main() -> None:
         kubectl(kc, "wait", "--for=condition=Established", "crd/batches.llmbatch.io")
         objects: list[dict[str, Any]] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
-            for n in ("llmbatch-workers", "bench")
+            for n in ("llmbatch-workers", "bench", "warmup")
         ]
         objects.append(
             {
@@ -329,28 +379,10 @@ def main() -> None:
             stderr=subprocess.STDOUT,
         )
         wait_warm(work / "store", args.slots)
-        batches = []
-        for i in range(args.batches):
-            requests = [
-                {
-                    "customID": f"r{j}",
-                    "url": "/v1/chat/completions",
-                    "body": {
-                        "model": MODEL,
-                        "messages": [{"role": "user", "content": "hi"}],
-                        "max_tokens": 8,
-                    },
-                }
-                for j in range(args.requests)
-            ]
-            batches.append(
-                {
-                    "apiVersion": "llmbatch.io/v1alpha1",
-                    "kind": "Batch",
-                    "metadata": {"name": f"batch-bench{i:05d}", "namespace": "bench"},
-                    "spec": {"endpoint": "/v1/chat/completions", "requests": requests},
-                }
-            )
+        run_warmup(kc, args.warmup)
+        batches = [
+            batch_body(f"batch-bench{i:05d}", "bench", args.requests) for i in range(args.batches)
+        ]
         before = request_counts(kc)
         cpu_before = cpu_seconds(operator.pid)
         watch = CompletionWatch(kc, "bench", work / "watch.log")
@@ -394,7 +426,8 @@ def main() -> None:
         print(
             f"{args.batches} batches x {args.requests} requests, {args.slots} slots x "
             f"{args.slot_concurrency or 'default'} shards, "
-            f"simulated engine; completion from a watch, first results from the store"
+            f"simulated engine, {args.warmup} warm-up batches before; completion from a watch, "
+            "first results from the store"
         )
         print(
             f"completed: {len(done)}/{args.batches} in {max(to_done, default=0):.0f} s "
