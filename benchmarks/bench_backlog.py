@@ -49,8 +49,10 @@ import httpx
 import openai
 
 from bench_operator import (  # type: ignore[import-not-found]  # (run as a script)
+    batch,
     cpu_by_part,
     cpu_seconds,
+    inline,
     kubectl,
     percentile,
     request_counts,
@@ -88,34 +90,6 @@ class Figures:
     autopage_count: int = 0
     gateway_cores: float = 0.0
     notes: list[str] = field(default_factory=list)
-
-
-def inline(requests: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "customID": f"r{j}",
-            "url": "/v1/chat/completions",
-            "body": {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 8,
-            },
-        }
-        for j in range(requests)
-    ]
-
-
-def batch(name: str, namespace: str, requests: int, priority: str = "standard") -> dict[str, Any]:
-    return {
-        "apiVersion": "llmbatch.io/v1alpha1",
-        "kind": "Batch",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "endpoint": "/v1/chat/completions",
-            "requests": inline(requests),
-            "priority": priority,
-        },
-    }
 
 
 async def create_all(kubeconfig: pathlib.Path, bodies: list[dict[str, Any]]) -> dict[str, float]:

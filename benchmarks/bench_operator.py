@@ -207,7 +207,7 @@ def run_warmup(kubeconfig: pathlib.Path, count: int, timeout: float = 120) -> No
     if count <= 0:
         return
     names = [f"batch-warmup{i:03d}" for i in range(count)]
-    bodies = [batch_body(name, "warmup", 10) for name in names]
+    bodies = [batch(name, "warmup", 10, priority=None) for name in names]
     asyncio.run(create_at_once(kubeconfig, bodies, "warmup"))
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -221,9 +221,9 @@ def run_warmup(kubeconfig: pathlib.Path, count: int, timeout: float = 120) -> No
     raise RuntimeError(f"the warm-up batches did not complete within {timeout:.0f} s")
 
 
-def batch_body(name: str, namespace: str, requests: int) -> dict[str, Any]:
-    """A Batch of ``requests`` inline chat requests for the simulated model."""
-    lines = [
+def inline(requests: int) -> list[dict[str, Any]]:
+    """``requests`` inline chat requests for the simulated model."""
+    return [
         {
             "customID": f"r{j}",
             "url": "/v1/chat/completions",
@@ -235,11 +235,20 @@ def batch_body(name: str, namespace: str, requests: int) -> dict[str, Any]:
         }
         for j in range(requests)
     ]
+
+
+def batch(
+    name: str, namespace: str, requests: int, priority: str | None = "standard"
+) -> dict[str, Any]:
+    """A Batch of ``requests`` inline requests (``priority`` None: the field left out)."""
+    spec: dict[str, Any] = {"endpoint": "/v1/chat/completions", "requests": inline(requests)}
+    if priority is not None:
+        spec["priority"] = priority
     return {
         "apiVersion": "llmbatch.io/v1alpha1",
         "kind": "Batch",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"endpoint": "/v1/chat/completions", "requests": lines},
+        "spec": spec,
     }
 
 
@@ -381,7 +390,8 @@ def main() -> None:
         wait_warm(work / "store", args.slots)
         run_warmup(kc, args.warmup)
         batches = [
-            batch_body(f"batch-bench{i:05d}", "bench", args.requests) for i in range(args.batches)
+            batch(f"batch-bench{i:05d}", "bench", args.requests, priority=None)
+            for i in range(args.batches)
         ]
         before = request_counts(kc)
         cpu_before = cpu_seconds(operator.pid)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import pathlib
-import random
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from llmbatch.controller.batchwork import BatchWork, change_priority
 from llmbatch.core import keys
 from llmbatch.core.workqueue import Priority
 from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
-from tests.fixtures.reconciler import ReconcilerHarness
+from tests.fixtures.reconciler import ReconcilerHarness, work_of
 
 BATCH = "batch-" + "c" * 24
 
@@ -89,17 +88,6 @@ def h(tmp_path: pathlib.Path) -> ReconcilerHarness:
     harness = ReconcilerHarness(tmp_path)
     harness.kube.add("batchpools", make_pool())
     return harness
-
-
-def work_of(h: ReconcilerHarness) -> BatchWork:
-    return BatchWork(
-        h.reconciler,
-        h.kube,  # type: ignore[arg-type]
-        resync_seconds=600,
-        startup_spread_seconds=60,
-        clock=h.clock,
-        rng=random.Random(0),
-    )
 
 
 def drain(h: ReconcilerHarness, work: BatchWork) -> int:

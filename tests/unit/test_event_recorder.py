@@ -16,7 +16,7 @@ from llmbatch.controller import metrics
 from llmbatch.controller.batchwork import BatchWork
 from llmbatch.controller.eventrecorder import EventRecorder
 from tests.fixtures.builders import make_batch, make_input_file, make_pool
-from tests.fixtures.reconciler import ReconcilerHarness
+from tests.fixtures.reconciler import ReconcilerHarness, work_of
 
 BATCH = "batch-" + "d" * 24
 INVOLVED = {"apiVersion": "v1", "kind": "Batch", "namespace": "team-a", "name": BATCH, "uid": "u"}
@@ -149,14 +149,7 @@ def test_events_keep_the_involved_object(tmp_path: pathlib.Path) -> None:
     created: dict[str, Any] = h.kube.add(
         "batches", make_batch(BATCH, input_file_id="file-" + "d" * 32)
     )
-    work = BatchWork(
-        h.reconciler,
-        h.kube,  # type: ignore[arg-type]
-        resync_seconds=600,
-        startup_spread_seconds=60,
-        clock=h.clock,
-        rng=random.Random(0),
-    )
+    work = work_of(h)
     work.notice(copy.deepcopy(created))
     asyncio.run(work.run_due())
     (event,) = [e for e in h.kube.events if e["reason"] == "Validated"]
