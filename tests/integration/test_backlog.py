@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from llmbatch.api.slot import ShardLease
+from llmbatch.controller.config import OperatorConfig
 from llmbatch.core import keys
 from tests.fixtures.operator import OperatorProcess, simulated_pool
 from tests.integration.test_operator import (
@@ -35,6 +36,9 @@ from tests.integration.test_operator import (
 )
 
 pytestmark = pytest.mark.timeout(900)
+
+#: The operator's steps in flight at once (the session operator runs with the default).
+RECONCILE_WORKERS = OperatorConfig.__dataclass_fields__["reconcile_workers"].default
 
 
 def batch_manifest(name: str, namespace: str, pool: str, requests: int, **spec: Any) -> Any:
@@ -203,11 +207,12 @@ def test_an_operator_killed_with_500_batches_queued_carries_each_through_exactly
         assert sorted(o["custom_id"] for o in outputs) == [f"{name}-0", f"{name}-1"], name
         assert status["requestCounts"] == {"total": 2, "completed": 2, "failed": 0}
     # No batch was accepted or completed twice. A transition is logged after its patch landed,
-    # so a SIGKILL between the two loses the line of a transition that happened: at most the
-    # few batches the kill cut short miss one.
+    # so a SIGKILL between the two (the patch committed, its response not yet processed by the
+    # operator's loop) loses the line of a transition that happened: at most one per
+    # reconcile worker, each of which has one step in flight (12 of 16 in a run of the kill).
     logged = _transitions(op, namespace)
     twice = {n: dict(c) for n, c in logged.items() if c["in_progress"] > 1 or c["completed"] > 1}
     assert twice == {}, json.dumps(dict(list(twice.items())[:5]))
     assert set(logged) == set(queued)
     missing = [n for n, c in logged.items() if c["in_progress"] + c["completed"] < 2]
-    assert len(missing) <= 8, missing
+    assert len(missing) <= RECONCILE_WORKERS, missing
