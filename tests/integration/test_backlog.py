@@ -38,7 +38,7 @@ from tests.integration.test_operator import (
 pytestmark = pytest.mark.timeout(900)
 
 #: The operator's steps in flight at once (the session operator runs with the default).
-RECONCILE_WORKERS = OperatorConfig.__dataclass_fields__["reconcile_workers"].default
+RECONCILE_WORKERS = OperatorConfig.reconcile_workers
 
 
 def batch_manifest(name: str, namespace: str, pool: str, requests: int, **spec: Any) -> Any:

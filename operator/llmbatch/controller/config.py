@@ -140,7 +140,7 @@ class OperatorConfig:
             executor_store_secret=os.environ.get("LLMBATCH_EXECUTOR_STORE_SECRET") or None,
             executor_command=tuple(command.split()) if command else cls.executor_command,
             reconcile_interval=_float("LLMBATCH_RECONCILE_INTERVAL", 2.0),
-            reconcile_workers=int(_float("LLMBATCH_RECONCILE_WORKERS", 16)),
+            reconcile_workers=int(_float("LLMBATCH_RECONCILE_WORKERS", cls.reconcile_workers)),
             resync_seconds=_float("LLMBATCH_RESYNC_SECONDS", 600.0),
             startup_spread_seconds=_float("LLMBATCH_STARTUP_SPREAD_SECONDS", 60.0),
             progress_interval=_float("LLMBATCH_PROGRESS_INTERVAL", 5.0),
