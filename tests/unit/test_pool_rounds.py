@@ -322,7 +322,7 @@ def test_a_round_that_waits_on_the_store_paces_the_next_by_its_loop_time(
     h = harness(tmp_path, minSlots=0, maxSlots=1)
     submit(h, "batch-" + "w" * 24, requests=4)
     cpu = [0.0]
-    h.pools.loop_clock = lambda: cpu[0]
+    h.pools.cpu_clock = lambda: cpu[0]
 
     def batches() -> list[dict[str, Any]]:
         h.now += 0.4  # the round's wall time: mostly store writes in its threads

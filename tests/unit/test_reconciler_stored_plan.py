@@ -144,7 +144,7 @@ def test_an_operator_restarted_mid_run_finishes_every_shard_once(h: ReconcilerHa
     h.run_shard(1)
     h.step(BATCH)
     h.reconciler = BatchReconciler(h.kube, h.store, h.config, clock=h.clock)
-    h.pools = PoolScheduler(h.kube, h.store, h.config, clock=h.clock, loop_clock=h.clock)
+    h.pools = PoolScheduler(h.kube, h.store, h.config, clock=h.clock, cpu_clock=h.clock)
     status = _run_to_completion(h)
     lines = h.file_lines(status["outputFileID"])
     assert _ids(lines) == Counter(f"req-{i}" for i in range(REQUESTS))  # each once

@@ -176,7 +176,7 @@ def test_a_keep_mark_left_by_an_earlier_operator_is_removed_when_not_wanted(
     ch = channel(h, slot)
     ch.keep_warm(True)  # written by the operator before this one (minSlots was 1 then)
     h.pools = PoolScheduler(
-        h.kube, h.store, h.config, clock=h.clock, loop_clock=h.clock
+        h.kube, h.store, h.config, clock=h.clock, cpu_clock=h.clock
     )  # a restarted operator
     h.pool_round()  # minSlots 0
     assert not ch.keep_requested()

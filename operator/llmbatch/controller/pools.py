@@ -23,6 +23,7 @@ from llmbatch.api.resources import API_VERSION, BatchPoolSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.roundcost import RoundCost, user_cpu
 from llmbatch.controller.runningindex import running_entry
 from llmbatch.controller.slots import SlotScheduler
 from llmbatch.controller.slotstate import Look, SlotRound
@@ -35,14 +36,14 @@ from llmbatch.storage.base import ObjectStore
 #: A pool's next round starts no sooner than this many times its last full round's cost
 #: after that round ended, kicks or not: with thousands of batches running, a full round walks
 #: them all, and a round per acceptance would take the whole loop (acceptance slowed with
-#: depth). At most about a quarter of the loop goes to one pool's rounds; a round of 100 ms
-#: (about 10,000 batches) is followed by the next within 0.3 s. The cost is the event loop's
-#: CPU time while the round ran (``time.thread_time``: what the round can have taken from the
-#: loop; at most its wall time), not its wall time: a round that grants a hundred shards
-#: spends most of its 0.3 to 0.5 s waiting on store writes in its threads, the loop free for
-#: acceptances meanwhile, and paced by that wall time the rounds of a burst came a second
-#: apart, each accepted batch waiting for the next (#30's burst: the grant of the last
-#: batches of 200, ~1 s after they were accepted).
+#: depth). At most about a quarter of the operator's CPU goes to one pool's rounds; a round of
+#: 100 ms (about 10,000 batches) is followed by the next within 0.3 s. The cost is the CPU the
+#: round itself took from the event loop: the user CPU of its own steps on the loop and of its
+#: store calls in threads (``controller.roundcost``), at most its wall time. Not its wall time:
+#: a round that grants a hundred shards waits most of its 0.3 to 0.5 s on store writes. Not the
+#: loop's CPU over the round's span, nor its threads' kernel time (their fsyncs): under #30's
+#: burst either paced the rounds 0.5 to 0.75 s apart while accepted batches waited for their
+#: grants.
 ROUND_PACE = 3.0
 #: ... but never more than this long.
 PACE_LIMIT = 1.0
@@ -169,12 +170,12 @@ class PoolScheduler:
         store: ObjectStore,
         config: OperatorConfig,
         clock: Callable[[], float] = time.time,
-        loop_clock: Callable[[], float] = time.thread_time,
+        cpu_clock: Callable[[], float] = user_cpu,
     ) -> None:
         self.kube = kube
         self.clock = clock
-        self.loop_clock = loop_clock
-        """CPU seconds of the thread the rounds run on (the event loop's): a round's cost."""
+        self.cpu_clock = cpu_clock
+        """CPU seconds of the calling thread: a round's cost (``controller.roundcost``)."""
         self.interval = config.reconcile_interval
         self.tenant_metrics = config.tenant_metrics
         self.slots = SlotScheduler(kube, store, config, clock)
@@ -381,8 +382,23 @@ class PoolScheduler:
         uid: str | None,
         batches: Batches,
     ) -> PoolRound:
+        cost = RoundCost(self.cpu_clock)
+        begun = self.clock()
+        result = await cost.measure(self._round(name, spec, status, uid, batches))
+        if not result.quiet:
+            ended = self.clock()
+            self._cost[name] = (ended, max(0.0, min(ended - begun, cost.seconds)))
+        return result
+
+    async def _round(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        status: dict[str, Any],
+        uid: str | None,
+        batches: Batches,
+    ) -> PoolRound:
         started = time.perf_counter()
-        loop_started = self.loop_clock()
         pool = BatchPoolSpec.model_validate(spec)
         now = self.clock()
         kicks = self._kicks.get(name, 0)
@@ -423,7 +439,4 @@ class PoolScheduler:
             throughput = learn_throughput(throughput, requests, seconds)
         _observe(name, pool, placed, scaled, backlog, throughput, self.tenant_metrics)
         result.status = _report(placed, scaled, backlog, throughput)
-        ended = self.clock()
-        cost = min(ended - now, self.loop_clock() - loop_started)
-        self._cost[name] = (ended, max(0.0, cost))
         return result

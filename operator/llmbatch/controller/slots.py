@@ -27,6 +27,7 @@ from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.fairstate import TenantLedger, placed_status
 from llmbatch.controller.kube import Kube
+from llmbatch.controller.roundcost import counted
 from llmbatch.controller.settlement import Settlement
 from llmbatch.controller.slotfleet import Assign, SlotFleet
 from llmbatch.controller.slotstate import (
@@ -94,7 +95,7 @@ class SlotScheduler:
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` (store calls) in one of the round's threads."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, counted(fn), *args)
 
     async def look(self, name: str, pool: BatchPoolSpec, now: float) -> Look:
         """The cheap part of a round: observe the pool's slots (liveness, reports, progress)."""
