@@ -17,6 +17,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import orjson
+
 KOPF_DIFFBASE = "llmbatch.io/last-handled-configuration"
 """kopf's copy of the spec as it last handled it (written for the on.create/on.field handlers
 the operator had before its work queue)."""
@@ -34,9 +36,20 @@ def slim(body: dict[str, Any]) -> dict[str, Any]:
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != KOPF_DIFFBASE}
     if annotations or "annotations" in meta:
         meta["annotations"] = annotations
-    return copy.deepcopy(
+    return _copy(
         {"metadata": meta, "spec": body.get("spec") or {}, "status": body.get("status") or {}}
     )
+
+
+def _copy(body: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of a body as the API sent it (JSON values only): through orjson, about seven
+    times as fast as ``copy.deepcopy`` — a cached Batch is copied on every watch event, write and
+    step (#30's burst: 4 % of the operator's CPU went to deepcopy)."""
+    try:
+        copied: dict[str, Any] = orjson.loads(orjson.dumps(body))
+    except TypeError:  # not JSON (an object built in a test, an integer beyond 64 bits)
+        return copy.deepcopy(body)
+    return copied
 
 
 class BatchCache:
@@ -54,7 +67,7 @@ class BatchCache:
         an event older than the operator's own last write is not)."""
         uid = body["metadata"]["uid"]
         before = self._bodies.get(uid)
-        if before is not None and not _newer(body, before):
+        if before is not None and not newer(body, before):
             return before, False
         self._keep(uid, body)
         return before, True
@@ -63,7 +76,7 @@ class BatchCache:
         """The object as this operator just wrote (or read) it."""
         uid = body["metadata"]["uid"]
         before = self._bodies.get(uid)
-        if before is None or _newer(body, before):
+        if before is None or newer(body, before):
             self._keep(uid, body)
 
     def _keep(self, uid: str, body: dict[str, Any]) -> None:
@@ -72,7 +85,7 @@ class BatchCache:
 
     def get(self, uid: str) -> dict[str, Any] | None:
         body = self._bodies.get(uid)
-        return None if body is None else copy.deepcopy(body)
+        return None if body is None else _copy(body)
 
     def peek(self, uid: str) -> dict[str, Any] | None:
         """The cached body itself, to read only (:meth:`get` gives a copy to work on)."""
@@ -92,6 +105,8 @@ class BatchCache:
         return [self._bodies[uid] for uid in self._by_namespace.get(namespace, ())]
 
 
-def _newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
+def newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Whether ``body`` is a later version of the object ``than`` (see the module's note on
+    resource versions)."""
     new, old = resource_version(body), resource_version(than)
     return new is None or old is None or new > old

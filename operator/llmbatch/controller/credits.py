@@ -23,6 +23,7 @@ from llmbatch.api.resources import (
     CreditReservation,
 )
 from llmbatch.controller import metrics
+from llmbatch.controller.accountcache import AccountCache
 from llmbatch.controller.kube import Kube
 from llmbatch.core import billing
 from llmbatch.core.lifecycle import TERMINAL
@@ -66,6 +67,8 @@ class CreditLedger:
         tell (not synced yet): then they are listed."""
         # The tenant label is only used when the set of tenants is fixed by configuration.
         self.labelled = frozenset(tenants)
+        self.accounts = AccountCache()
+        """Acceptance's first look at an account (fed by the operator's watch)."""
 
     def tenant_label(self, namespace: str) -> str:
         return namespace if namespace in self.labelled else ""
@@ -94,13 +97,19 @@ class CreditLedger:
         return written[0] if stored is not None and written else None
 
     async def account(self, namespace: str) -> tuple[CreditAccountSpec, CreditAccountStatus] | None:
+        """The namespace's account as the API server has it now."""
         account = await self.kube.get_custom(PLURAL, namespace, CREDIT_ACCOUNT_NAME)
-        if account is None:
-            return None
-        return (
-            CreditAccountSpec.model_validate(account.get("spec") or {}),
-            CreditAccountStatus.model_validate(account.get("status") or {}),
-        )
+        self.accounts.read(namespace, account)
+        return _parsed(account)
+
+    async def _first_look(
+        self, namespace: str
+    ) -> tuple[CreditAccountSpec, CreditAccountStatus] | None:
+        """The account as the watch last showed it (or a recent read found none), else read."""
+        cached = self.accounts.look(namespace)
+        if not cached.known:
+            return await self.account(namespace)
+        return _parsed(cached.body)
 
     async def reserve(self, namespace: str, entry: CreditReservation) -> Hold | None:
         """The reservation in force for ``entry.batch``: the one the gateway made at creation
@@ -108,7 +117,7 @@ class CreditLedger:
 
         Raises ``billing.InsufficientCredit`` / ``billing.TooManyReservations``.
         """
-        current = await self.account(namespace)
+        current = await self._first_look(namespace)
         if current is None:
             return None
         existing = billing.find(current[1], entry.batch)
@@ -119,12 +128,15 @@ class CreditLedger:
         def add(limit: str, status: CreditAccountStatus) -> CreditAccountStatus | None:
             return billing.reserve(limit, currency, status, entry)
 
-        added = await self._update(namespace, add) is not None
+        written = await self._update(namespace, add)
+        held = billing.find(written, entry.batch) if written is not None else None
+        if held is not None:
+            return Hold(held, Decimal(held.amount))
+        # Nothing written: the account holds one for the batch already (the gateway's, made
+        # after the look), or it is gone.
         again = await self.account(namespace)
         held = billing.find(again[1], entry.batch) if again is not None else None
-        if held is None:
-            return None
-        return Hold(held, Decimal(held.amount) if added else Decimal(0))
+        return None if held is None else Hold(held)
 
     async def top_up(self, namespace: str, wanted: CreditReservation) -> Hold | None:
         """Replace ``wanted.batch``'s reservation by ``wanted`` (see ``billing.top_up``).
@@ -235,3 +247,14 @@ class CreditLedger:
                     raise
                 except Exception:
                     log.exception("credit account of %s: upkeep failed", meta.get("namespace"))
+
+
+def _parsed(
+    account: dict[str, Any] | None,
+) -> tuple[CreditAccountSpec, CreditAccountStatus] | None:
+    if account is None:
+        return None
+    return (
+        CreditAccountSpec.model_validate(account.get("spec") or {}),
+        CreditAccountStatus.model_validate(account.get("status") or {}),
+    )

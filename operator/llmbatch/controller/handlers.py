@@ -206,6 +206,16 @@ async def namespace_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
         namespaces.notice(dict(body), deleted=event.get("type") == "DELETED")
 
 
+@kopf.on.event(GROUP, VERSION, "creditaccounts", when=_served)
+async def credit_account_seen(
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    """Keep the accounts acceptance looks at first (``controller.accountcache``). No I/O."""
+    reconciler: BatchReconciler | None = getattr(memo, "batches", None)
+    if reconciler is not None:
+        reconciler.credits.accounts.notice(dict(body), deleted=event.get("type") == "DELETED")
+
+
 @kopf.on.event(GROUP, VERSION, "batchwebhooks", when=_served)
 async def webhook_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Check a new or changed BatchWebhook (its Ready condition) in the dispatcher's pool."""
