@@ -49,8 +49,8 @@ class ShardRuns(PhaseDeps):
             self._pool_gone(batch, step, now, pool_name)
             return
         shards = await self._working_shards(batch)
-        for shard in shards:
-            await self._track(batch, step, pool, shard)
+        # shards never granted (no lease) have no progress to read
+        unplaced = {s.index for s in shards if not await self._track(batch, step, pool, s)}
         self._record(batch, step, shards)
         if all(s.phase in FINISHED for s in shards):
             await self._fold_progress(batch, step, shards, now, force=True)
@@ -63,7 +63,7 @@ class ShardRuns(PhaseDeps):
                 "Every shard finished; merging results",
             )
             return
-        await self._fold_progress(batch, step, shards, now)
+        await self._fold_progress(batch, step, shards, now, unplaced=unplaced)
         if batch.status.expires_at:
             step.again(float(batch.status.expires_at))
 
@@ -111,24 +111,32 @@ class ShardRuns(PhaseDeps):
 
     async def _track(
         self, batch: BatchView, step: Step, pool: BatchPoolSpec, shard: ShardStatus
-    ) -> None:
-        """Queue the shard (its spec in the store) and fold its lease into its phase."""
+    ) -> bool:
+        """Queue the shard (its spec in the store) and fold its lease into its phase; False
+        when it has no lease (never granted)."""
         if shard.phase in FINISHED:
-            return
-        prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
-        lease = await asyncio.to_thread(read_lease, self.store, keys.shard_lease_key(prefix))
+            return True
+        lease = await asyncio.to_thread(self._lease_or_queue, batch, pool, shard)
         if lease is None:
-            await self._queue(batch, pool, shard)
             shard.phase = "Pending"
-            return
+            return False
         self._observe_lease(step, shard, lease)
+        return True
 
-    async def _queue(self, batch: BatchView, pool: BatchPoolSpec, shard: ShardStatus) -> None:
-        """Write the shard spec the pool scheduler hands to a slot (once)."""
-        spec_key = keys.shard_spec_key(batch.namespace, batch.uid, shard.index)
-        if await asyncio.to_thread(self.store.head, spec_key) is None:
-            spec = self._shard_spec(batch, pool, shard)
-            await asyncio.to_thread(self.store.put, spec_key, spec.model_dump_json().encode())
+    def _lease_or_queue(
+        self, batch: BatchView, pool: BatchPoolSpec, shard: ShardStatus
+    ) -> ShardLease | None:
+        """The shard's lease; without one, its spec written for the pool scheduler to hand to a
+        slot (once). Store calls only, in one call to a store thread: under #30's burst each
+        call waited its turn on a busy event loop, three per shard of a batch just accepted."""
+        prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
+        lease = read_lease(self.store, keys.shard_lease_key(prefix))
+        if lease is None:
+            spec_key = keys.shard_spec_key(batch.namespace, batch.uid, shard.index)
+            if self.store.head(spec_key) is None:
+                spec = self._shard_spec(batch, pool, shard)
+                self.store.put(spec_key, spec.model_dump_json().encode())
+        return lease
 
     @staticmethod
     def _observe_lease(step: Step, shard: ShardStatus, lease: ShardLease) -> None:
@@ -203,8 +211,10 @@ class ShardRuns(PhaseDeps):
         now: float,
         *,
         force: bool = False,
+        unplaced: frozenset[int] | set[int] = frozenset(),
     ) -> None:
-        """Fold the shards' progress records into the counts and usage (throttled)."""
+        """Fold the shards' progress records into the counts and usage (throttled); the
+        ``unplaced`` shards were never granted, so have none."""
         last = self._last_progress.get(batch.uid, 0.0)
         if not force and now - last < self.config.progress_interval:
             step.again(last + self.config.progress_interval)
@@ -218,6 +228,8 @@ class ShardRuns(PhaseDeps):
             shard = tracked.get(index)  # None: a stored plan's succeeded shard, folded
             progress = final.get(index)
             if progress is None:
+                if index in unplaced:
+                    continue
                 prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
                 progress = await asyncio.to_thread(read_progress, self.store, prefix)
                 if progress is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -132,8 +132,7 @@ class Validation:
     async def _check(self, batch: BatchView) -> tuple[str, Pool, ValidationResult]:
         """The input key, the pool and the validator's verdict, or :class:`Rejected`."""
         spec = batch.spec
-        input_key = await self._input_key(batch)
-        model = await asyncio.to_thread(self._peek_model, input_key)
+        input_key, model = await self._input_and_model(batch)
         if model is None:
             # No line names a model: report every problem the default limits find.
             verdict = await asyncio.to_thread(
@@ -206,12 +205,26 @@ class Validation:
 
     # --- the input -----------------------------------------------------------------------------
 
+    async def _input_and_model(self, batch: BatchView) -> tuple[str, str | None]:
+        """The input's key and the model of its first line that names one."""
+        requests = batch.spec.requests
+        if requests is None:
+            key = await self._input_key(batch)
+            return key, await asyncio.to_thread(self._peek_model, key)
+        # applied with kubectl: the requests are in the object; stored and peeked at in one
+        # call to a store thread (each call waits its turn on a busy loop: #30's burst)
+        key = keys.inline_input_key(batch.namespace, batch.uid)
+        data = inline_file(requests).data
+
+        def store() -> str | None:
+            self.store.put(key, data)
+            return first_model([data])
+
+        return key, await asyncio.to_thread(store)
+
     async def _input_key(self, batch: BatchView) -> str:
+        """The key of an uploaded or staged input (``requests``: :meth:`_input_and_model`)."""
         spec = batch.spec
-        if spec.requests is not None:  # applied with kubectl: the requests are in the object
-            key = keys.inline_input_key(batch.namespace, batch.uid)
-            await asyncio.to_thread(self.store.put, key, inline_file(spec.requests).data)
-            return key
         if spec.inline_input is not None:
             return await self._staged_input(batch)
         file_id = spec.input_file_id or ""
@@ -280,17 +293,7 @@ class Validation:
         return pinned
 
     def _peek_model(self, key: str) -> str | None:
-        """The model of the first readable line (chooses the pool whose limits then apply)."""
-        for _, raw in iter_lines(self.store.iter_range(key)):
-            try:
-                line = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue
-            body = line.get("body") if isinstance(line, dict) else None
-            model = body.get("model") if isinstance(body, dict) else None
-            if isinstance(model, str) and model:
-                return model
-        return None
+        return first_model(self.store.iter_range(key))
 
     def _run_validator(
         self, key: str, endpoint: str, limits: ValidationLimits, shard_requests: int
@@ -416,3 +419,17 @@ class Validation:
             tenant = self.credits.tenant_label(batch.namespace)
             metrics.CREDITS_RESERVED.labels(tenant).inc(float(hold.added))
         return charges, pricing
+
+
+def first_model(chunks: Iterable[bytes]) -> str | None:
+    """The model of the first readable line (chooses the pool whose limits then apply)."""
+    for _, raw in iter_lines(chunks):
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        body = line.get("body") if isinstance(line, dict) else None
+        model = body.get("model") if isinstance(body, dict) else None
+        if isinstance(model, str) and model:
+            return model
+    return None
