@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from llmbatch.controller import metrics
+from llmbatch.controller import eventrecorder, metrics
 from llmbatch.controller.batchwork import BatchWork
 from llmbatch.controller.eventrecorder import EventRecorder
 from tests.fixtures.builders import make_batch, make_input_file, make_pool
@@ -156,3 +156,35 @@ def test_events_keep_the_involved_object(tmp_path: pathlib.Path) -> None:
     assert event["involvedObject"]["name"] == BATCH
     assert event["involvedObject"]["uid"] == created["metadata"]["uid"]
     assert work.events.pending == 0
+
+
+def test_events_hold_back_while_new_batches_wait_and_go_once_they_are_accepted() -> None:
+    """#30's burst: Events posted while batches waited to be accepted took the API server's
+    time from the acceptances' status writes. They wait for the admissions, never longer than
+    HOLD_SECONDS."""
+
+    async def go() -> None:
+        poster = GatedPoster()
+        poster.gate.set()
+        admissions = [True]
+        now = [0.0]
+        recorder = EventRecorder(
+            poster, "test", yield_to=lambda: admissions[0], clock=lambda: now[0]
+        )
+        task = asyncio.create_task(recorder.run())
+        recorder.record(INVOLVED, "Validated", "m", warning=False)
+        await asyncio.sleep(0.2)
+        assert poster.posted == []  # held while admissions wait
+        admissions[0] = False
+        await asyncio.sleep(0.2)
+        assert poster.posted == ["Validated"]
+        admissions[0] = True  # a burst that does not end: held at most HOLD_SECONDS
+        recorder.record(INVOLVED, "Completed", "m", warning=False)
+        await asyncio.sleep(0.2)
+        assert poster.posted == ["Validated"]
+        now[0] += eventrecorder.HOLD_SECONDS
+        await asyncio.sleep(0.2)
+        assert poster.posted == ["Validated", "Completed"]
+        task.cancel()
+
+    asyncio.run(go())

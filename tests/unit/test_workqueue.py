@@ -143,3 +143,16 @@ def test_every_key_added_is_handed_out_exactly_once_per_pending_add(
         assert got not in seen
         seen.append(got)
     assert {k for k, _, _, _ in ops} <= set(seen) | held
+
+
+def test_waiting_tells_whether_work_of_a_priority_or_better_is_due() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("progress", Priority.PROGRESS, 0.0)
+    queue.add("later", Priority.ADMIT, 0.0, due=5.0)
+    assert not queue.waiting(1.0, Priority.ADMIT)
+    assert queue.waiting(1.0, Priority.PROGRESS)
+    assert queue.waiting(5.0, Priority.ADMIT)
+    assert queue.pop(5.0) == "later"  # handed out: no longer waiting
+    assert not queue.waiting(5.0, Priority.ADMIT)
+    queue.add("progress", Priority.URGENT, 5.0)  # a better add supersedes the queued one
+    assert queue.waiting(5.0, Priority.ADMIT)

@@ -113,7 +113,7 @@ class BatchWork:
         self._started = clock()
         self.steps = 0
         """Steps taken since start (for tests and benchmarks)."""
-        self.events = EventRecorder(kube, COMPONENT)
+        self.events = EventRecorder(kube, COMPONENT, yield_to=self._admissions_wait)
 
     # --- what makes a batch due ----------------------------------------------------------------
 
@@ -157,6 +157,10 @@ class BatchWork:
         self.cache.drop(uid)
         self._priority.pop(uid, None)
         self.locks.pop(uid, None)
+
+    def _admissions_wait(self) -> bool:
+        """Whether new batches (or cancels, deletions) wait for a worker: Events hold back."""
+        return self.queue.waiting(self.clock(), Priority.ADMIT)
 
     def _add(self, uid: str, priority: Priority, due: float, rank: int) -> None:
         self.queue.add(uid, priority, self.clock(), due=due, tier_rank=rank)

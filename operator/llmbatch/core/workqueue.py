@@ -128,6 +128,18 @@ class WorkQueue(Generic[K]):
             heapq.heappop(self._heap)
         return None
 
+    def waiting(self, now: float, priority: Priority) -> bool:
+        """Whether a key of ``priority`` or better is due and not yet handed out."""
+        self._promote(now)
+        while self._ready:
+            rank, due, _, key = self._ready[0]
+            entry = self._queued.get(key)
+            if entry is None or (entry.rank, entry.due) != (rank, due):
+                heapq.heappop(self._ready)  # superseded by a better add
+                continue
+            return rank[0] <= priority
+        return False
+
     def done(self, key: K, now: float) -> None:
         """``key`` was reconciled: its failures are forgotten; what was added meanwhile is
         queued now."""
