@@ -9,7 +9,9 @@ in the store) p50/p95, → ``completed`` p50/p95; the slots started, the operato
 API-server requests per batch (all clients, and the llmbatch.io resources alone), read from the
 API server's own ``apiserver_request_total`` counter, and the CPU time the control plane, the
 operator and the slots used from the first create until all completed (from ``/proc``: on a
-small machine they share the cores, and the latencies are what that sharing leaves). The
+small machine they share the cores, and the latencies are what that sharing leaves; the
+requests are counted once every batch's ``Validated`` and ``Completed`` Events are posted, as
+they trail the burst, and the CPU spent meanwhile is printed beside). The
 operator runs with its production intervals (reconcile 2 s, progress fold 5 s, slot poll 0.5 s).
 
 Before the burst, ``--warmup`` batches (default 1) run to completion in a namespace of their own,
@@ -88,6 +90,22 @@ def event_reasons(kubeconfig: pathlib.Path) -> collections.Counter[str]:
     for event in events["items"]:
         reasons[event.get("reason") or "?"] += int(event.get("count") or 1)
     return reasons
+
+
+def events_settled(
+    kubeconfig: pathlib.Path, batches: int, timeout: float = 60
+) -> tuple[collections.Counter[str], float]:
+    """The Events about the Batches once each has its ``Validated`` and ``Completed`` (the
+    operator holds Events back while new batches wait to be accepted, so they trail the
+    burst), and how long after the call that took. Counted from the API server, so that the
+    requests per batch include their posts."""
+    began = time.time()
+    while True:
+        reasons = event_reasons(kubeconfig)
+        posted = min(reasons["Validated"], reasons["Completed"]) >= batches
+        if posted or time.time() - began > timeout:
+            return reasons, time.time() - began
+        time.sleep(0.5)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -416,9 +434,11 @@ def main() -> None:
             )
             time.sleep(1)
         watch.stop()
-        after = request_counts(kc)
         cpu = cpu_seconds(operator.pid)
         wall = time.time() - started
+        reasons, trailing = events_settled(kc, args.batches)
+        after = request_counts(kc)  # the trailing Events' posts included
+        cpu_settled = cpu_seconds(operator.pid)
         rss = peak_rss_mib(operator.pid)
         accepted, queued, granted, first_result = first_commits(kc, work / "store")
         if args.timeline is not None:
@@ -473,10 +493,10 @@ def main() -> None:
         )
         for kind, n in sorted(spent.items(), key=lambda item: -item[1])[:8]:
             print(f"    {n / args.batches:6.2f}  {kind}")
-        reasons = event_reasons(kc)
         print(
             "Events / batch        "
             + ",  ".join(f"{reason} {n / args.batches:.2f}" for reason, n in reasons.most_common())
+            + f"  (the last posted {trailing:.1f} s after the last completion)"
         )
         print(f"mean batch duration   {statistics.mean(to_done) if to_done else 0:6.1f} s")
         cores = os.cpu_count() or 1
@@ -485,6 +505,11 @@ def main() -> None:
             f"CPU while measured    {sum(spent_cpu.values()):6.1f} s of {cores} cores x "
             f"{wall:.0f} s wall = {cores * wall:.0f} s:  "
             + ",  ".join(f"{part} {t:.1f} s" for part, t in sorted(spent_cpu.items()))
+        )
+        later = cpu_by_part(cpu, cpu_settled)
+        print(
+            f"  then, until the Events were posted: {sum(later.values()):.1f} s more:  "
+            + ",  ".join(f"{part} {t:.1f} s" for part, t in sorted(later.items()))
         )
     finally:
         if watch is not None:  # a run cut short leaves no kubectl watching a stopped cluster
