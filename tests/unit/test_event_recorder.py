@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from llmbatch.controller import eventrecorder, metrics
-from llmbatch.controller.batchwork import BatchWork
+from llmbatch.controller.batchwork import ADMISSIONS_QUIET, BatchWork
 from llmbatch.controller.eventrecorder import EventRecorder
 from tests.fixtures.builders import make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness, work_of
@@ -126,7 +126,12 @@ def test_a_step_reaches_the_pool_before_its_events_are_posted(tmp_path: pathlib.
         running = asyncio.create_task(work.run(1, stop))
         work.notice(copy.deepcopy(created))
         for _ in range(1000):
-            if stepped and poster.started:
+            if stepped:
+                break
+            await asyncio.sleep(0.001)
+        h.now += ADMISSIONS_QUIET  # the Events' hold after an acceptance (see below)
+        for _ in range(1000):
+            if poster.started:
                 break
             await asyncio.sleep(0.001)
         assert stepped == ["in_progress"]
@@ -188,3 +193,25 @@ def test_events_hold_back_while_new_batches_wait_and_go_once_they_are_accepted()
         task.cancel()
 
     asyncio.run(go())
+
+
+def test_events_hold_back_a_moment_after_the_last_new_batch_was_taken(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The shards of the batches just accepted are granted and start in the second after the
+    last acceptance: the held Events wait for that too (``ADMISSIONS_QUIET``)."""
+
+    h = ReconcilerHarness(tmp_path)
+    h.kube.add("batchpools", make_pool())
+    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "d" * 32, 3))
+    created = h.kube.add("batches", make_batch(BATCH, input_file_id="file-" + "d" * 32))
+    work = work_of(h)
+    assert work.events.yield_to is not None
+    assert not work.events.yield_to()
+    work.notice(copy.deepcopy(created))
+    assert work.events.yield_to()  # a new batch waits
+    asyncio.run(work.run_due())
+    assert h.status(BATCH)["status"] == "in_progress"
+    assert work.events.yield_to()  # taken a moment ago
+    h.now += ADMISSIONS_QUIET
+    assert not work.events.yield_to()

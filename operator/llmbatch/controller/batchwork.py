@@ -44,6 +44,9 @@ log = logging.getLogger("llmbatch.controller.batches")
 COMPONENT = "llmbatch-operator"
 #: Phases whose batches are stopping: their shards are being taken back and merged.
 STOPPING = frozenset({"finalizing", "cancelling"})
+#: Events hold back this long after the last new batch waited for a worker: the shards of the
+#: batches just accepted are granted and start meanwhile (#30's burst).
+ADMISSIONS_QUIET = 1.0
 
 
 def change_priority(
@@ -114,6 +117,7 @@ class BatchWork:
         self.steps = 0
         """Steps taken since start (for tests and benchmarks)."""
         self.events = EventRecorder(kube, COMPONENT, yield_to=self._admissions_wait)
+        self._admitted_at = -float("inf")  # when a worker last finished a new batch's step
 
     # --- what makes a batch due ----------------------------------------------------------------
 
@@ -159,8 +163,10 @@ class BatchWork:
         self.locks.pop(uid, None)
 
     def _admissions_wait(self) -> bool:
-        """Whether new batches (or cancels, deletions) wait for a worker: Events hold back."""
-        return self.queue.waiting(self.clock(), Priority.ADMIT)
+        """Whether new batches (or cancels, deletions) wait for a worker, or one was stepped
+        less than :data:`ADMISSIONS_QUIET` ago (their shards' grants follow): Events hold back."""
+        now = self.clock()
+        return self.queue.waiting(now, Priority.ADMIT) or now - self._admitted_at < ADMISSIONS_QUIET
 
     def _add(self, uid: str, priority: Priority, due: float, rank: int) -> None:
         self.queue.add(uid, priority, self.clock(), due=due, tier_rank=rank)
@@ -226,6 +232,8 @@ class BatchWork:
             log.exception("batch %s: reconcile failed; again in %.1f s", uid, delay)
         else:
             self.queue.done(uid, self.clock())
+        if priority <= Priority.ADMIT:
+            self._admitted_at = self.clock()
 
     async def _idle(self) -> None:
         """Wait until a key is added or the next one becomes due."""
