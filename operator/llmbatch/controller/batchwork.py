@@ -44,8 +44,8 @@ log = logging.getLogger("llmbatch.controller.batches")
 COMPONENT = "llmbatch-operator"
 #: Phases whose batches are stopping: their shards are being taken back and merged.
 STOPPING = frozenset({"finalizing", "cancelling"})
-#: Events hold back this long after the last new batch waited for a worker: the shards of the
-#: batches just accepted are granted and start meanwhile (#30's burst).
+#: Events hold back this long after a worker last finished a new batch's step: the shards of
+#: the batches just accepted are granted and start meanwhile (#30's burst).
 ADMISSIONS_QUIET = 1.0
 
 

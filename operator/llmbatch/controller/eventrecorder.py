@@ -5,9 +5,9 @@ nothing in the system waits for them. Posted inline, each cost its worker a roun
 median under a burst of 200 batches) before the batch's shards reached the pool. The recorder
 takes them as the step's patch lands and posts them from one task, in order, one at a time: under
 a burst they trail the status writes instead of competing with them for the API server. While
-new batches wait to be accepted (``yield_to``) it holds each Event back for up to
-:data:`HOLD_SECONDS`: under the 200-batch burst its posts took the API server's time from the
-acceptances' status writes, and the last batches' first results came 0.4-0.7 s later.
+new batches wait to be accepted, and a second after (``yield_to``), it holds each Event back
+for up to :data:`HOLD_SECONDS`: under the 200-batch burst its posts took the API server's time
+from the acceptances' status writes, and the last batches' first results came 0.4-0.7 s later.
 
 Like client-go's event broadcaster the queue is bounded: Events that find it full (an API server
 that refuses them for minutes) are dropped and counted, never allowed to grow the operator's

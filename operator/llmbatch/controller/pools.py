@@ -316,7 +316,11 @@ class PoolScheduler:
             written, computed_at = self._latest.get(name, ({}, -LATEST_SECONDS))
             if now - computed_at >= LATEST_SECONDS:
                 written = {}  # older than the watch's lag: the pool's status is the truth
-            result = await self._step(name, spec, {**status, **written}, uid, batches)
+            cost = RoundCost(self.cpu_clock)
+            result = await cost.measure(self._step(name, spec, {**status, **written}, uid, batches))
+            if not result.quiet:  # its pace (ROUND_PACE): what it took, at most its wall time
+                ended = self.clock()
+                self._cost[name] = (ended, max(0.0, min(ended - now, cost.seconds)))
             if result.quiet:  # computed nothing new: what the last round computed still holds
                 result.status = dict(written)
             else:
@@ -375,22 +379,6 @@ class PoolScheduler:
         return left
 
     async def _step(
-        self,
-        name: str,
-        spec: dict[str, Any],
-        status: dict[str, Any],
-        uid: str | None,
-        batches: Batches,
-    ) -> PoolRound:
-        cost = RoundCost(self.cpu_clock)
-        begun = self.clock()
-        result = await cost.measure(self._round(name, spec, status, uid, batches))
-        if not result.quiet:
-            ended = self.clock()
-            self._cost[name] = (ended, max(0.0, min(ended - begun, cost.seconds)))
-        return result
-
-    async def _round(
         self,
         name: str,
         spec: dict[str, Any],
