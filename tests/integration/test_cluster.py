@@ -711,19 +711,22 @@ def test_the_client_writes_our_objects_and_events_as_the_api_answers(kube: Kube)
             created = await api.create_custom("creditaccounts", namespace, body)
             with pytest.raises(Conflict):
                 await api.create_custom("creditaccounts", namespace, body)
-            version = created["metadata"]["resourceVersion"]
-            written = await api.patch_custom_status_at(
-                "creditaccounts", namespace, "default", {"status": {"reserved": "1"}}, version
+            written = await api.replace_custom_status(
+                "creditaccounts", namespace, "default", {**created, "status": {"reserved": "1"}}
             )
             assert written is not None
             assert written["status"]["reserved"] == "1"
             with pytest.raises(Conflict):  # the version before that write
-                await api.patch_custom_status_at(
-                    "creditaccounts", namespace, "default", {"status": {"reserved": "2"}}, version
-                )
-            with pytest.raises(Conflict):
                 await api.replace_custom_status(
                     "creditaccounts", namespace, "default", {**created, "status": {}}
+                )
+            with pytest.raises(Conflict):  # a patch with that precondition: the same rule
+                await api.patch_custom_at(
+                    "creditaccounts",
+                    namespace,
+                    "default",
+                    {"metadata": {"labels": {"x": "y"}}},
+                    created["metadata"]["resourceVersion"],
                 )
             patched = await api.patch_custom(
                 "creditaccounts", namespace, "default", {"metadata": {"labels": {"a": "b"}}}
@@ -750,3 +753,95 @@ def test_the_client_writes_our_objects_and_events_as_the_api_answers(kube: Kube)
     events = kube.get("events")
     assert [e["reason"] for e in events if e["involvedObject"]["name"] == "default"] == ["Tested"]
     assert written["metadata"]["uid"] == kube.get("creditaccounts")[0]["metadata"]["uid"]
+
+
+def test_a_status_put_of_the_replacement_writes_what_the_merge_patch_writes(kube: Kube) -> None:
+    """The batch steps PUT ``status_replacement(body, patch)`` where they merge-patched
+    ``{"status": patch}`` before: on two equal Batches, the two writes leave the same status,
+    spec, labels, annotations and field ownership (the status strategy keeps the stored
+    metadata and spec whatever the PUT's body says), and a PUT on a stale version is a
+    :class:`Conflict`, as the patch with a precondition was."""
+    from llmbatch.api.resources.base import API_VERSION
+    from llmbatch.kube import KubeClient, status_replacement
+    from llmbatch.kube.client import Conflict
+    from tests.fixtures.operator import paused_operators
+
+    kube.kubectl("apply", "-f", str(REPO / "crds"))
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/batches.llmbatch.io")
+    namespace = kube.namespace
+    requests = [
+        {
+            "customID": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        }
+        for i in range(3)
+    ]
+
+    def manifest(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "Batch",
+            "metadata": {
+                "name": name,
+                "labels": {"llmbatch.io/pool": "p"},
+                "annotations": {"note": "kept"},
+            },
+            "spec": {"endpoint": "/v1/chat/completions", "pool": "p", "requests": requests},
+        }
+
+    def replacement(body: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+        return status_replacement(body, patch, api_version=API_VERSION, kind="Batch")
+
+    first = {"status": "validating", "requestCounts": {"total": 3, "completed": 0, "failed": 0}}
+    second = {"status": "in_progress", "requestCounts": {"completed": 2}, "inProgressAt": 7}
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        api = await KubeClient.connect(str(kube.kubeconfig))
+        try:
+            await api.create_custom("batches", namespace, manifest("batch-by-patch"))
+            put = created = await api.create_custom("batches", namespace, manifest("batch-by-put"))
+            for patch in (first, second):
+                assert await api.patch_custom_status(
+                    "batches", namespace, "batch-by-patch", {"status": patch}
+                )
+                written = await api.replace_custom_status(
+                    "batches", namespace, "batch-by-put", replacement(put, patch)
+                )
+                assert written is not None
+                put = written
+            with pytest.raises(Conflict):  # the version the first write was decided on
+                await api.replace_custom_status(
+                    "batches", namespace, "batch-by-put", replacement(created, {"status": "failed"})
+                )
+            patched = await api.get_custom("batches", namespace, "batch-by-patch")
+            assert patched is not None
+            return patched, put
+        finally:
+            for name in ("batch-by-patch", "batch-by-put"):  # gone before an operator resumes
+                await api.delete_custom("batches", namespace, name)
+            await api.close()
+
+    with paused_operators():  # the session's operator would step these Batches meanwhile
+        patched, put = asyncio.run(go())
+    assert (
+        put["status"]
+        == patched["status"]
+        == {
+            "status": "in_progress",
+            "requestCounts": {"total": 3, "completed": 2, "failed": 0},
+            "inProgressAt": 7,
+        }
+    )
+    assert put["spec"] == patched["spec"]
+    for field in ("labels", "annotations", "finalizers", "generation"):
+        assert put["metadata"].get(field) == patched["metadata"].get(field), field
+
+    def owners(obj: dict[str, Any]) -> list[str]:
+        return sorted(
+            json.dumps([m.get("manager"), m.get("operation"), m.get("subresource"), m["fieldsV1"]])
+            for m in obj["metadata"]["managedFields"]
+        )
+
+    assert owners(put) == owners(patched)

@@ -257,28 +257,6 @@ class KubeClient:
             raise
         return True
 
-    async def patch_custom_status_at(
-        self,
-        plural: str,
-        namespace: str,
-        name: str,
-        patch: dict[str, Any],
-        resource_version: str | None,
-    ) -> dict[str, Any] | None:
-        """Merge-patch the status subresource of the object as it was at ``resource_version``
-        (optimistic concurrency: the API server refuses a patch of a newer object).
-
-        The object written; :class:`Conflict` when it changed since that version; None when
-        it is gone."""
-        return await self._patch_at(
-            self.custom.patch_namespaced_custom_object_status,
-            plural,
-            namespace,
-            name,
-            patch,
-            resource_version,
-        )
-
     async def patch_custom_at(
         self,
         plural: str,
@@ -287,32 +265,17 @@ class KubeClient:
         patch: dict[str, Any],
         resource_version: str | None,
     ) -> dict[str, Any] | None:
-        """Merge-patch the object itself (metadata, spec) as it was at ``resource_version``;
-        as :meth:`patch_custom_status_at`."""
-        return await self._patch_at(
-            self.custom.patch_namespaced_custom_object,
-            plural,
-            namespace,
-            name,
-            patch,
-            resource_version,
-        )
+        """Merge-patch the object itself (metadata, spec) as it was at ``resource_version``
+        (optimistic concurrency: the API server refuses a patch of a newer object).
 
-    async def _patch_at(
-        self,
-        method: Any,
-        plural: str,
-        namespace: str,
-        name: str,
-        patch: dict[str, Any],
-        resource_version: str | None,
-    ) -> dict[str, Any] | None:
+        The object written; :class:`Conflict` when it changed since that version; None when
+        it is gone."""
         body = dict(patch)
         if resource_version:
             body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": resource_version}
         try:
             written: dict[str, Any] = await self.call_json(
-                method,
+                self.custom.patch_namespaced_custom_object,
                 GROUP,
                 VERSION,
                 namespace,
