@@ -23,15 +23,15 @@ import argparse
 import asyncio
 import json
 import pathlib
+import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bench_operator import cpu_by_part, cpu_seconds, kubectl  # type: ignore[import-not-found]
-from llmbatch.api.resources.base import API_VERSION
+from llmbatch.api.resources import API_VERSION, GROUP, VERSION
 from llmbatch.devcluster import ClusterConfig, DevCluster, gpu_nodes
 from llmbatch.devcluster.controlplane import repo_root
 from llmbatch.kube import KubeClient, status_replacement
@@ -117,8 +117,8 @@ async def by_patch(api: KubeClient, body: dict[str, Any], patch: dict[str, Any])
     meta = body["metadata"]
     return await api.call_json(
         api.custom.patch_namespaced_custom_object_status,
-        "llmbatch.io",
-        API_VERSION.split("/")[1],
+        GROUP,
+        VERSION,
         meta["namespace"],
         "batches",
         meta["name"],
@@ -166,12 +166,11 @@ async def run(kubeconfig: pathlib.Path, args: argparse.Namespace) -> dict[str, l
                 body = manifest(i)
                 body["metadata"]["name"] += f"-{way}"
                 created = await api.create_custom("batches", NAMESPACE, body)
-                written = await api.replace_custom_status(
-                    "batches", NAMESPACE, body["metadata"]["name"],
-                    {**created, "status": running_status(i)},
-                )  # fmt: skip
+                name = body["metadata"]["name"]
+                status = {**created, "status": running_status(i)}
+                written = await api.replace_custom_status("batches", NAMESPACE, name, status)
                 assert written is not None
-                bodies[body["metadata"]["name"]] = written
+                bodies[name] = written
         ways: dict[str, Write] = {"patch": by_patch, "put": by_put}
         for step in range(1, args.rounds + 1):
             order = ["patch", "put"] if step % 2 else ["put", "patch"]
@@ -217,18 +216,16 @@ def main() -> None:
         figures = asyncio.run(run(kc, args))
     finally:
         cluster.stop()
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
     print(
         f"{args.batches} Batches per way, {args.rounds} rounds of one progress write each, "
         f"{args.concurrency} in flight; per write, median [range] of the rounds"
     )
     print(f"{'':28} {'PUT (ours)':>22} {'merge patch (before)':>24}")
-    print(f"{'control plane CPU, ms':28} {summary(figures['put cpu']):>22} "
-          f"{summary(figures['patch cpu']):>24}")  # fmt: skip
-    print(f"{'client CPU, ms':28} {summary(figures['put client']):>22} "
-          f"{summary(figures['patch client']):>24}")  # fmt: skip
-    print(f"{'wall, ms':28} {summary(figures['put wall']):>22} "
-          f"{summary(figures['patch wall']):>24}")  # fmt: skip
+    rows = {"control plane CPU, ms": "cpu", "client CPU, ms": "client", "wall, ms": "wall"}
+    for label, figure in rows.items():
+        put, patch = summary(figures[f"put {figure}"]), summary(figures[f"patch {figure}"])
+        print(f"{label:28} {put:>22} {patch:>24}")
 
 
 if __name__ == "__main__":
