@@ -14,6 +14,7 @@ from llmbatch.core.slots import (
     SlotView,
     place,
     preemption_victims,
+    saturation,
     seats,
     slot_concurrency,
 )
@@ -229,3 +230,43 @@ def test_an_expedited_shard_granted_to_the_express_seat_holds_it_before_it_start
     # a standard shard queued beside a running one still waits for the seat, behind it
     queued = SlotView("s", 2, 1, True, model="m", queued_tiers=("standard",), queue=1)
     assert queued.waiting_for_seat == [1]
+
+
+# --- what a round that placed nothing proves (#30) -------------------------------------------
+
+
+def test_a_placement_that_left_a_tier_waiting_holds_new_shards_of_that_tier_or_worse() -> None:
+    """A full slot with no queue: the standard shard waits, and so would any new standard or
+    flex shard of its model; not an expedited one (the express seat), not another model's."""
+    full = [SlotView("s", load=1, capacity=1, ready=True, model="m", queue=0)]
+    result = place([shard("a")], full, desired=1, capacity=1)
+    proved = saturation(result)
+    assert proved is not None
+    assert proved.holds(shard("b"))
+    assert proved.holds(shard("c", tier="flex"))
+    assert not proved.holds(shard("d", tier="expedited"))
+    assert not proved.holds(shard("e", model="other"))
+
+
+def test_a_waiting_flex_shard_does_not_hold_a_standard_one() -> None:
+    """A standard shard may take the place of a queued flex one: flex waiting proves nothing
+    about it."""
+    queued = [
+        SlotView("s", load=2, capacity=1, ready=True, model="m", queued_tiers=("flex",), queue=1)
+    ]
+    result = place([shard("a", tier="flex")], queued, desired=1, capacity=1)
+    proved = saturation(result)
+    assert proved is not None
+    assert proved.holds(shard("b", tier="flex"))
+    assert not proved.holds(shard("c"))
+    assert place([shard("c")], queued, desired=1, capacity=1).take_back == {"s": 1}
+
+
+def test_a_placement_that_placed_anything_or_left_only_expedited_waiting_proves_nothing() -> None:
+    room = [SlotView("s", load=0, capacity=1, ready=True, model="m", queue=0)]
+    assert saturation(place([shard("a"), shard("b")], room, desired=1, capacity=1)) is None
+    full = [SlotView("s", load=2, capacity=1, ready=True, model="m", queue=0)]
+    express_taken = place([shard("x", tier="expedited")], full, desired=1, capacity=1)
+    assert [q.batch for q in express_taken.waiting] == ["x"]
+    assert saturation(express_taken) is None
+    assert saturation(place([], full, desired=1, capacity=1)) is None

@@ -214,6 +214,11 @@ def test_min_slots_start_before_any_work_and_stay_warm(h: ReconcilerHarness) -> 
     assert not channel(h, name).keep_requested()
 
 
+def seen(uid: str, **status: object) -> dict[str, object]:
+    """A Batch as a watch event shows it: ``status`` only (a batch of the harness's tenant)."""
+    return {"metadata": {"uid": uid, "namespace": TENANT, "name": f"batch-{uid}"}, "status": status}
+
+
 def test_a_kicked_pool_is_due_a_round_before_its_interval(h: ReconcilerHarness) -> None:
     """A batch with shards never placed kicks its pool (handlers.batch_seen): the pool timer's
     frequent check then runs a round at once instead of at the next reconcile interval."""
@@ -223,11 +228,11 @@ def test_a_kicked_pool_is_due_a_round_before_its_interval(h: ReconcilerHarness) 
     h.now += 0.5
     assert not pools.due("pool-a")  # within the interval, nothing asked for a round
     pools.notice_batch(
-        {"status": "in_progress", "pool": "pool-a", "shards": [{"phase": "Running", "job": "s"}]}
+        seen("u1", status="in_progress", pool="pool-a", shards=[{"phase": "Running", "job": "s"}])
     )
     assert not pools.due("pool-a")  # every shard placed: no kick
     pools.notice_batch(
-        {"status": "in_progress", "pool": "pool-a", "shards": [{"phase": "Pending"}]}
+        seen("u1", status="in_progress", pool="pool-a", shards=[{"index": 0, "phase": "Pending"}])
     )
     assert pools.due("pool-a")
     h.pool_round()
@@ -472,12 +477,12 @@ def test_a_batch_accepted_here_counts_as_running_until_the_watch_shows_it(
     pools.notice_accepted(batch)
     assert uids([]) == ["u1"]
     assert uids(list(running_entry(batch).values())) == ["u1"]  # shown by the index: once
-    pools.notice_batch({"status": "validating"}, "u1")  # an older event
+    pools.notice_batch(seen("u1", status="validating"))  # an older event
     assert uids([]) == ["u1"]
-    pools.notice_batch({"status": "in_progress", "pool": "pool-a"}, "u1")  # the acceptance
+    pools.notice_batch(seen("u1", status="in_progress", pool="pool-a"))  # the acceptance
     assert uids([]) == []
     pools.notice_accepted(batch)
-    pools.notice_batch({}, "u1", deleted=True)
+    pools.notice_batch(seen("u1"), deleted=True)
     assert uids([]) == []
     pools.notice_accepted(batch)
     h.now += ACCEPTED_TTL + 1

@@ -179,7 +179,7 @@ async def batch_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
         metrics.observe_batch(body["metadata"]["uid"], None)
     scheduler: PoolScheduler | None = getattr(memo, "pools", None)
     if scheduler is not None:
-        scheduler.notice_batch(body.get("status") or {}, body["metadata"]["uid"], deleted=deleted)
+        scheduler.notice_batch(body, deleted=deleted)
 
 
 @kopf.on.event(GROUP, VERSION, "batchpools", when=_served_pool)

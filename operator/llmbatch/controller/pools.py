@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -26,9 +26,10 @@ from llmbatch.controller.kube import Kube
 from llmbatch.controller.roundcost import RoundCost, user_cpu
 from llmbatch.controller.runningindex import running_entry
 from llmbatch.controller.slots import SlotScheduler
-from llmbatch.controller.slotstate import Look, SlotRound
+from llmbatch.controller.slotstate import Look, SlotRound, batch_work
 from llmbatch.core import shardbook
 from llmbatch.core.autoscaling import ScaleState, damp, learn_throughput, raw_desired_slots
+from llmbatch.core.slots import Saturation
 from llmbatch.core.tiers import TIERS, tier_of
 from llmbatch.core.workqueue import Priority
 from llmbatch.storage.base import ObjectStore
@@ -159,6 +160,10 @@ Batches = list[dict[str, Any]] | Callable[[], list[dict[str, Any]]]
 #: cool-downs, keep-warm marks): with thousands of batches waiting, a full round is the
 #: operator's largest cost, and it followed the clock, not change.
 QUIET_SECONDS = 10.0
+#: A round may also stop at its look when the batches that arrived since the last full round
+#: would only wait (:meth:`PoolScheduler.join`), but a full round counts them within this many
+#: seconds (the pool's queue depth, its tenants' waiting shards).
+JOIN_SECONDS = 2.0
 
 
 class PoolScheduler:
@@ -189,9 +194,13 @@ class PoolScheduler:
         self._backlogged: set[str] = set()  # pools whose last round left shards waiting
         self._in_round: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._deleted: set[str] = set()  # uids of pools being deleted: no round of them runs
-        self._full: dict[str, tuple[float, int, tuple[Any, ...]]] = {}
+        self._full: dict[str, tuple[float, int, tuple[Any, ...], dict[str, Any]]] = {}
         """pool -> (when its last full round started, the kicks counted then, its look's
-        signature): see :meth:`_quiet`."""
+        signature, the pool's spec): see :meth:`_quiet`."""
+        self._saturated: dict[str, Saturation] = {}
+        """pool -> what its last full round proved new work would do: wait (:meth:`join`)."""
+        self._joined: set[str] = set()
+        """Pools new work joined without a round since their last full round started."""
         self._cost: dict[str, tuple[float, float]] = {}
         """pool -> (when its last full round ended, its cost): see :data:`ROUND_PACE`."""
         # pool -> batch uid -> (when, running_entry): batches this operator accepted whose
@@ -209,12 +218,26 @@ class PoolScheduler:
         if wake is not None:
             wake.set()
 
+    def join(self, name: str, batch: dict[str, Any]) -> None:
+        """``batch`` (:func:`running_entry`) brings pool ``name`` shards to place: a round soon
+        (:meth:`kick`), unless the pool's last full round proved they would only wait (its
+        :class:`~llmbatch.core.slots.Saturation`: a full pool, its queue waiting at their tier
+        or a better one). Then no round runs for them — with 10,000 batches queued a full round
+        orders them all, and every acceptance asked for one — until the slots change, and a
+        full round counts them within :data:`JOIN_SECONDS`. An expedited batch always kicks."""
+        saturated = self._saturated.get(name)
+        shards = [work.queued for work in batch_work(name, batch).values()]
+        if saturated is not None and shards and all(saturated.holds(s) for s in shards):
+            self._joined.add(name)
+        else:
+            self.kick(name)
+
     def notice_accepted(self, batch: dict[str, Any]) -> None:
         """This operator just accepted ``batch`` (its new status, not yet patched): its pool
         places the shards at its next check, before the watch shows the batch running."""
         for pool, entry in running_entry(batch).items():
             self._accepted.setdefault(pool, {})[entry["metadata"]["uid"]] = (self.clock(), entry)
-            self.kick(pool)
+            self.join(pool, entry)
 
     def running_batches(self, name: str, indexed: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The pool's running batches for a round: the watch's index (``indexed``), and the
@@ -226,13 +249,13 @@ class PoolScheduler:
         shown = {batch["metadata"]["uid"] for batch in indexed}
         return indexed + [entry for uid, (_, entry) in accepted.items() if uid not in shown]
 
-    def notice_batch(
-        self, status: dict[str, Any], uid: str | None = None, *, deleted: bool = False
-    ) -> None:
-        """Kick the pool of a batch whose status shows shards never placed, or that stopped
-        running (its backlog is gone: the pool may scale down): the pool decides at its next
-        check, not at its next full round. An event that shows the batch accepted or later (or
-        deleted) supersedes what :meth:`notice_accepted` kept."""
+    def notice_batch(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
+        """Kick the pool of a batch whose status shows shards never placed (:meth:`join`), or
+        that stopped running (its backlog is gone: the pool may scale down): the pool decides
+        at its next check, not at its next full round. An event that shows the batch accepted
+        or later (or deleted) supersedes what :meth:`notice_accepted` kept."""
+        status: Mapping[str, Any] = body.get("status") or {}
+        uid = (body.get("metadata") or {}).get("uid")
         if uid is not None and (deleted or status.get("status") not in (None, "validating")):
             for accepted in self._accepted.values():
                 accepted.pop(uid, None)
@@ -246,8 +269,11 @@ class PoolScheduler:
             )
             or next(shardbook.raw_waiting(status), None) is not None
         )
-        if unplaced or phase in STOPPED:
+        if phase in STOPPED:
             self.kick(str(pool))
+        elif unplaced:
+            for name, entry in running_entry(body).items():
+                self.join(name, entry)
 
     def due(self, name: str) -> bool:
         """Whether pool ``name`` needs a round now: its interval has passed since the last one
@@ -340,15 +366,28 @@ class PoolScheduler:
             result.status = changed
             return result
 
-    def _quiet(self, name: str, look: Look, kicks: int, now: float) -> bool:
+    def _quiet(self, name: str, spec: dict[str, Any], look: Look, kicks: int, now: float) -> bool:
         """Whether the round may stop at its look: the slots show what they showed at the last
-        full round (no shard started, ended or was taken), no batch brought new work, nothing
-        is lost, and that round is less than :data:`QUIET_SECONDS` old."""
+        full round (no shard started, ended or was taken), the pool's spec is as it was, no
+        batch brought new work but what would only wait (:meth:`join`), nothing is lost, and
+        that round is less than :data:`QUIET_SECONDS` old (:data:`JOIN_SECONDS` once work
+        joined)."""
         last = self._full.get(name)
         if last is None or look.urgent:
             return False
-        when, kicked, signature = last
-        return signature == look.signature and kicks == kicked and now - when < QUIET_SECONDS
+        when, kicked, signature, specified = last
+        young = now - when < (JOIN_SECONDS if name in self._joined else QUIET_SECONDS)
+        return signature == look.signature and kicks == kicked and spec == specified and young
+
+    def _saturate(self, name: str, saturation: Saturation | None) -> None:
+        """Keep what a full round proved (:meth:`join`). Work that joined while it ran is not
+        in it: when the round proved nothing (it placed something), that work kicks now."""
+        if saturation is not None:
+            self._saturated[name] = saturation
+            return
+        self._saturated.pop(name, None)
+        if name in self._joined:
+            self.kick(name)
 
     def _tell(self, changed: dict[str, Priority]) -> None:
         """Tell the work queue of the batches whose shards this round saw change."""
@@ -374,6 +413,8 @@ class PoolScheduler:
             self._accepted.pop(name, None)
             self._full.pop(name, None)
             self._cost.pop(name, None)
+            self._saturated.pop(name, None)
+            self._joined.discard(name)
             self.slots.forget_pool(name)
             metrics.forget_pool(name)
         return left
@@ -392,10 +433,11 @@ class PoolScheduler:
         kicks = self._kicks.get(name, 0)
         self._rounds[name] = (now, kicks)
         look = await self.slots.look(name, pool, now)
-        if self._quiet(name, look, kicks, now):
+        if self._quiet(name, spec, look, kicks, now):
             self._tell(look.result.changed)
             return PoolRound(events=look.result.events, quiet=True)
-        self._full[name] = (now, kicks, look.signature)
+        self._full[name] = (now, kicks, look.signature, spec)
+        self._joined.discard(name)
         batches = batches() if callable(batches) else batches
         result = PoolRound()
         throughput = float(Decimal(status.get("throughputPerSlot") or pool.throughput_per_slot))
@@ -411,6 +453,7 @@ class PoolScheduler:
             )
         self.slots.ledger.resume(name, status, pool.fair_sharing.usage_half_life_seconds)
         placed = await self.slots.round(name, pool, uid, batches, scaled.desired, now, look)
+        self._saturate(name, placed.saturation)
         metrics.POOL_ROUND_SECONDS.labels(name).observe(time.perf_counter() - started)
         result.events += placed.events
         self._tell(placed.changed)

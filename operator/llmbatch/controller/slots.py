@@ -52,6 +52,7 @@ from llmbatch.core.slots import (
     RunningShard,
     place,
     preemption_victims,
+    saturation,
     slot_concurrency,
     start_order,
 )
@@ -146,7 +147,9 @@ class SlotScheduler:
         placement = place((w.queued for w in waiting), views, desired, capacity, shares)
         await self._carry_out(name, pool, pool_uid, placement, waiting, now, result)
         total_seats = sum(v.capacity for v in views if v.open)
-        await self._preemptions(name, pool, live, running, placement, shares, total_seats, result)
+        preempted = await self._preemptions(
+            name, pool, live, running, placement, shares, total_seats, result
+        )
         if placement.take_back:
             await self._io(self._take_back_queued, name, live, placement.take_back)
         result.waiting = placement.waiting + placement.capped
@@ -161,9 +164,18 @@ class SlotScheduler:
         if waiting_models and sum(1 for s in live if s.open) >= pool.max_slots:
             kept = set()  # a full pool: a kept idle slot of another model is in the way
         await self.fleet.scale_down(namespace, live, busy, desired, waiting_models, kept, result)
+        if not (preempted or prestarted) and self._saturable(pool, desired):
+            result.saturation = saturation(placement)
         result.warm = sum(1 for s in live if s.open) + len(placement.new_slots) + prestarted
         result.busy = len(busy) + len(placement.new_slots)
         return result
+
+    @staticmethod
+    def _saturable(pool: BatchPoolSpec, desired: int) -> bool:
+        """Whether a deeper queue leaves the pool's decisions as they are: no slot may start
+        for it (the pool is at its maximum) and no preemption across tenants weighs who
+        waits (a tenant joining changes every tenant's share)."""
+        return desired >= pool.max_slots and pool.fair_sharing.preemption != "BelowGuarantee"
 
     async def _carry_out(
         self,
@@ -329,22 +341,22 @@ class SlotScheduler:
         shares: Shares,
         total_seats: int,
         result: SlotRound,
-    ) -> None:
+    ) -> int:
         """Preempt for what still waits, where the pool allows it: lower tiers for expedited
         shards (``preemption: LowerPriority``), else tenants above their share for tenants
         below their guarantee (``fairSharing.preemption: BelowGuarantee``) — never both in one
         round, and not across tenants while a shard taken back is still stopping (its seat
-        is about to free)."""
+        is about to free). How many it took back."""
         if not placement.waiting:
-            return
-        if pool.preemption == "LowerPriority" and await self._preempt(
-            pool_name, pool, slots, running, placement.waiting, result
-        ):
-            return
+            return 0
+        if pool.preemption == "LowerPriority":
+            taken = await self._preempt(pool_name, pool, slots, running, placement.waiting, result)
+            if taken:
+                return taken
         if pool.fair_sharing.preemption != "BelowGuarantee":
-            return
+            return 0
         if any(s.running() - s.assignments.keys() for s in slots):
-            return
+            return 0
         moves = tenant_preemptions(
             placement.waiting, running, shares, total_seats, pool.max_preemptions_per_shard
         )
@@ -367,6 +379,7 @@ class SlotScheduler:
                     "guaranteed seats",
                 )
             )
+        return len(moves)
 
     async def _preempt(
         self,

@@ -24,7 +24,7 @@ from llmbatch.core.scheduling import (
     Shares,
     serving_key,
 )
-from llmbatch.core.slots import SlotView
+from llmbatch.core.slots import Saturation, SlotView
 from llmbatch.core.workqueue import Priority
 from llmbatch.storage.slotchannel import SlotChannel
 
@@ -104,6 +104,9 @@ class SlotRound:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     batch_events: list[tuple[dict[str, str], str, str]] = field(default_factory=list)
     """Warning Events for Batches: (the Batch's object reference, reason, message)."""
+    saturation: Saturation | None = None
+    """What this round proved about the next one from the same slots (``core.slots``): a new
+    batch whose shards it holds for waits without a round (``PoolScheduler.join``)."""
     changed: dict[str, Priority] = field(default_factory=dict)
     """Batches (by uid) whose shards this round saw change — granted, ended, lost, taken back
     (SHARDS), or making progress (PROGRESS): the batches the round tells to reconcile."""

@@ -13,7 +13,7 @@ back to the pool when another slot has a seat free or a better tier needs its pl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmbatch.api.slot import Assignment
@@ -146,6 +146,38 @@ def place(
     _queue(unplaced, [s for s in ranked if s.ready], load, result)
     _rebalance(slots, load, result)
     return result
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """What a round that placed nothing proves about the next round from the same slots: a
+    new shard of a model whose shards waited at a tier as good as its own, or better, waits
+    too. Nothing it could take changed (no seat, express seat aside; no queue room; no queued
+    shard of a worse tier to displace; no slot to start), and a shard that joins the queue
+    does not change any of it. The pool adds what the placement does not know: no slot may
+    start for a deeper backlog (it is at its maximum) and no preemption depends on who waits."""
+
+    waited: Mapping[str, int]
+    """Per model (:attr:`QueuedShard.model`), the best tier rank of its shards left waiting."""
+
+    def holds(self, shard: QueuedShard) -> bool:
+        """Whether ``shard`` would wait too. Never an expedited one: it may take the express
+        seat of a full slot, or preempt."""
+        best = self.waited.get(shard.model)
+        return shard.tier != "expedited" and best is not None and TIER_RANK[shard.tier] >= best
+
+
+def saturation(placement: Placement) -> Saturation | None:
+    """The saturation a placement proves, or None when it placed or took back anything (the
+    slots change: the next round decides again) or left nothing but expedited work waiting."""
+    if placement.assign or placement.new_slots or placement.take_back:
+        return None
+    waited: dict[str, int] = {}
+    for shard in placement.waiting:
+        if shard.tier != "expedited":
+            rank = TIER_RANK[shard.tier]
+            waited[shard.model] = min(rank, waited.get(shard.model, rank))
+    return Saturation(waited) if waited else None
 
 
 def _queue(
