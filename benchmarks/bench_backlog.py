@@ -7,7 +7,8 @@ across T tenant namespaces, on a pool of one slot whose one seat runs a shard th
 DIR`` (a checkout of an earlier commit, e.g. ``git worktree add /tmp/ref 62b34ae``), for that
 tree's operator in the same run, on a fresh cluster each:
 
-- acceptance throughput (create → every batch's shard spec written, from the store);
+- acceptance throughput (create → every batch's shard spec written, from the store), and the CPU
+  each part (operator, API server, gateway, this script) spent per accepted batch meanwhile;
 - with nothing changing, over ``--window`` seconds: the operator's and the API server's CPU
   (cores), API requests/s by verb and resource (the API server's own counter, less this
   script's readings), the operator's RSS;
@@ -89,6 +90,8 @@ class Figures:
     autopage_seconds: float | None = None
     autopage_count: int = 0
     gateway_cores: float = 0.0
+    accepting_ms: dict[str, float] = field(default_factory=dict)
+    """CPU per accepted batch (ms) while the batches arrived, by part."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -408,7 +411,7 @@ def run_side(name: str, repo: pathlib.Path, args: argparse.Namespace) -> Figures
         wait_warm(store)
         for i in range(args.idle_samples):  # depth 0: a warm slot, nothing queued
             figures.expedited_idle.append(expedited_sample(kc, store, 900 + i) or float("nan"))
-        started = time.time()
+        started, cpu_started = time.time(), cpu_seconds(operator.pid)
         if args.create == "gateway":
             asyncio.run(create_through(gateway, args.tenants, args.batches, args.requests))
         else:
@@ -422,6 +425,8 @@ def run_side(name: str, repo: pathlib.Path, args: argparse.Namespace) -> Figures
             time.sleep(1)
         written = specs_written(store)
         figures.accepted = len(written)
+        spent = accepting_cpu(cpu_started, cpu_seconds(operator.pid), gateway.pid)
+        figures.accepting_ms = {k: v * 1000 / max(1, len(written)) for k, v in spent.items()}
         figures.accept_seconds = (max(written) - started) if written else 0.0
         print(f"[{name}] accepted {len(written)}/{args.batches} in {figures.accept_seconds:.0f} s")
         time.sleep(args.settle)
@@ -444,6 +449,17 @@ def run_side(name: str, repo: pathlib.Path, args: argparse.Namespace) -> Figures
         cluster.stop()
     report([figures], args)  # each side as soon as it is measured
     return figures
+
+
+def accepting_cpu(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], gateway_pid: int
+) -> dict[str, float]:
+    """CPU seconds each part used while the batches arrived (the gateway apart from the rest
+    of ``cpu_by_part``'s "other", which is mostly this script)."""
+    spent = cpu_by_part(before, after)
+    gateway = after[gateway_pid][1] - before.get(gateway_pid, ("", 0.0))[1]
+    spent["other"] = spent.get("other", 0.0) - gateway
+    return {**spent, "gateway": gateway}
 
 
 def measure_rest(
@@ -479,12 +495,25 @@ def transitions(log: pathlib.Path) -> Counter[str]:
     return found
 
 
+#: The parts whose CPU per accepted batch the report shows (label, ``accepting_cpu`` key).
+ACCEPTING_PARTS = (
+    ("operator", "operator"),
+    ("API server", "control plane"),
+    ("gateway", "gateway"),
+    ("bench", "other"),
+)
+
+
 def report(sides: list[Figures], args: argparse.Namespace) -> None:
     print()
     print(f"{args.batches} queued batches x {args.requests} inline requests across {args.tenants} "
           f"tenants, one slot, simulated engine; rest measured over {args.window:g} s")  # fmt: skip
     rows: list[tuple[str, list[str]]] = [
         ("accepted / second", [f"{f.accepted / max(f.accept_seconds, 1e-9):.1f}" for f in sides]),
+        *(
+            (f"accepting: {part} CPU / batch (ms)", [_ms(f.accepting_ms, key) for f in sides])
+            for part, key in ACCEPTING_PARTS
+        ),
         ("at rest: operator cores", [f"{f.operator_cores:.3f}" for f in sides]),
         ("at rest: API server cores", [f"{f.apiserver_cores:.3f}" for f in sides]),
         ("at rest: API requests / s", [f"{f.requests_per_second:.1f}" for f in sides]),
@@ -507,6 +536,10 @@ def report(sides: list[Figures], args: argparse.Namespace) -> None:
     for f in sides:
         print(f"[{f.name}] most requested at rest: "
               + ", ".join(f"{k} {v:.2f}/s" for k, v in f.top_requests))  # fmt: skip
+
+
+def _ms(figures: dict[str, float], key: str) -> str:
+    return f"{figures.get(key, 0.0):.1f}"
 
 
 def _q(values: list[float], q: float) -> str:
