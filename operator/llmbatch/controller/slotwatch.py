@@ -73,6 +73,9 @@ class SlotObserver:
         """slot -> the messages already reported about it (each once)."""
         self._counts: dict[str, dict[str, tuple[int, int, int]]] = {}
         """pool -> assignment key -> (generation, completed, failed) its last look showed."""
+        self._channels: dict[str, dict[str, SlotChannel]] = {}
+        """pool -> slot prefix -> its channel, kept from look to look: a channel reads only the
+        assignments that are new or rewritten since its last look."""
 
     def liveness(self, pool_name: str) -> Liveness:
         if pool_name not in self._liveness:
@@ -91,6 +94,7 @@ class SlotObserver:
     def forget_pool(self, name: str) -> None:
         self._liveness.pop(name, None)
         self._counts.pop(name, None)
+        self._channels.pop(name, None)
 
     async def observe(
         self, name: str, pool: BatchPoolSpec, now: float, result: SlotRound
@@ -102,9 +106,10 @@ class SlotObserver:
         jobs = [job for job in listed if not job["metadata"].get("deletionTimestamp")]
         # What a slot of each model looks like now: computed once a round, not once a slot.
         revisions = SlotShapes(self.config, pool)
-        channels = [
-            SlotChannel(self.store, keys.slot_prefix(name, job["metadata"]["name"])) for job in jobs
-        ]
+        kept = self._channels.get(name, {})
+        prefixes = [keys.slot_prefix(name, job["metadata"]["name"]) for job in jobs]
+        channels = [kept.get(p) or SlotChannel(self.store, p) for p in prefixes]
+        self._channels[name] = dict(zip(prefixes, channels, strict=True))
         reads = await asyncio.gather(*(self._io(_read_channel, c) for c in channels))
         self.liveness(name).look(now)  # every channel read: the time until now was seen
         slots = [

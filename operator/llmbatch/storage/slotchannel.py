@@ -36,14 +36,31 @@ from llmbatch.storage.base import (
 log = logging.getLogger("llmbatch.storage")
 
 
+#: How long listings must have shown an assignment's ETag before a look keeps what it read
+#: under that tag. The filesystem store tags a file by its inode, time and size; the kernel's
+#: file clock ticks in milliseconds, and a key revoked and granted again within one tick may
+#: get the freed inode back: the same tag on other bytes. A write that could carry a tag
+#: happens within a tick of the tag's first listing, so once this long has passed, what a read
+#: returns is the last object that will ever carry it. (S3's ETag is a hash of the bytes.)
+TAG_SETTLE_SECONDS = 1.0
+
+
 class SlotChannel:
     """One slot's channel: ``slots/<pool>/<slot>/...`` in ``store``."""
 
-    def __init__(self, store: ObjectStore, prefix: str) -> None:
+    def __init__(
+        self, store: ObjectStore, prefix: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.store = store
+        self.clock = clock
         self.prefix = prefix.rstrip("/")
         self.unreadable: list[str] = []
         """Assignments the last :meth:`assignments` could not parse (the slot reports them)."""
+        self._read: dict[str, tuple[str, Assignment]] = {}
+        """Assignment key -> (the listing's ETag when it was read, what was read): a look at
+        the channel reads only what is new or rewritten."""
+        self._tags: dict[str, tuple[str, float]] = {}
+        """Assignment key -> (its ETag in the listings, the monotonic time one first showed it)."""
 
     # --- operator side ---------------------------------------------------------------------------
 
@@ -87,10 +104,25 @@ class SlotChannel:
 
     def assignments(self) -> dict[str, Assignment]:
         """The shards currently assigned, by assignment key; an unreadable one is skipped (and
-        named in :attr:`unreadable` until the next call)."""
+        named in :attr:`unreadable` until the next call).
+
+        One listing, plus a read of each assignment the listing shows new or rewritten (its
+        ETag changed: every write replaces the object): a slot looks several times a second,
+        and its held assignments do not change between grants. What is read is kept under its
+        ETag only once listings have shown that ETag for :data:`TAG_SETTLE_SECONDS`."""
         found: dict[str, Assignment] = {}
+        read: dict[str, tuple[str, Assignment]] = {}
+        tags: dict[str, tuple[str, float]] = {}
         unreadable: list[str] = []
         for info in self.store.list(keys.slot_assignments_prefix(self.prefix)):
+            now, tag, known = self.clock(), info.etag, self._read.get(info.key)
+            if tag is not None:
+                first = self._tags.get(info.key)
+                tags[info.key] = (tag, first[1] if first and first[0] == tag else now)
+            if known is not None and known[0] == tag:
+                read[info.key] = known
+                found[known[1].key] = known[1]
+                continue
             raw = self._get(info.key)
             if raw is None:
                 continue  # revoked between list and get
@@ -100,7 +132,12 @@ class SlotChannel:
                 log.error("slot %s: unreadable assignment %s: %s", self.prefix, info.key, exc)
                 unreadable.append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
                 continue
+            if tag is not None and now - tags[info.key][1] >= TAG_SETTLE_SECONDS:
+                # Read after the listing: if it was rewritten in between, the next listing
+                # shows another ETag and it is read again.
+                read[info.key] = (tag, assignment)
             found[assignment.key] = assignment
+        self._read, self._tags = read, tags
         self.unreadable = unreadable
         return found
 
