@@ -10,6 +10,8 @@ import asyncio
 import pathlib
 from typing import Any
 
+import pytest
+
 from llmbatch.controller.pools import JOIN_SECONDS, PoolRound
 from llmbatch.controller.runningindex import running_entry
 from tests.fixtures.builders import make_batch, make_input_file, make_pool
@@ -111,19 +113,20 @@ def test_expedited_work_kicks_a_full_pool_at_once(tmp_path: pathlib.Path) -> Non
     assert any(key.startswith(uid) for key in channel(h, job["metadata"]["name"]).assignments())
 
 
-def test_a_pool_that_may_still_grow_decides_for_every_new_batch(tmp_path: pathlib.Path) -> None:
-    """Below its maximum slots, a deeper queue may start a slot."""
-    h, rounds = full_pool(tmp_path, maxSlots=2, throughputPerSlot="0.01")
-    accept(h, "batch-" + "c" * 24)
-    assert h.pools.due("pool-a")
-    assert not rounds.run().quiet
-
-
-def test_a_pool_that_preempts_for_guaranteed_tenants_decides_for_every_new_batch(
-    tmp_path: pathlib.Path,
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # below its maximum slots, a deeper queue may start a slot
+        {"maxSlots": 2, "throughputPerSlot": "0.01"},
+        # a tenant that joins changes every tenant's share: who may lose a seat to a guarantee
+        {"fairSharing": {"preemption": "BelowGuarantee"}},
+    ],
+    ids=["may-still-grow", "preempts-for-guarantees"],
+)
+def test_a_pool_whose_decisions_a_deeper_queue_changes_decides_for_every_new_batch(
+    tmp_path: pathlib.Path, spec: dict[str, Any]
 ) -> None:
-    """A tenant that joins changes every tenant's share: who may lose a seat to a guarantee."""
-    h, rounds = full_pool(tmp_path, fairSharing={"preemption": "BelowGuarantee"})
+    h, rounds = full_pool(tmp_path, **spec)
     accept(h, "batch-" + "c" * 24)
     assert h.pools.due("pool-a")
     assert not rounds.run().quiet
