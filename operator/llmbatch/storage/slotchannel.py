@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from pydantic import ValidationError
@@ -45,6 +45,16 @@ log = logging.getLogger("llmbatch.storage")
 TAG_SETTLE_SECONDS = 1.0
 
 
+class _Seen(NamedTuple):
+    """An assignment as a look at the channel last listed it."""
+
+    tag: str
+    since: float
+    """When a listing first showed ``tag`` (the channel's clock)."""
+    assignment: Assignment | None
+    """What was read under ``tag``, kept once the tag has settled."""
+
+
 class SlotChannel:
     """One slot's channel: ``slots/<pool>/<slot>/...`` in ``store``."""
 
@@ -52,15 +62,13 @@ class SlotChannel:
         self, store: ObjectStore, prefix: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.store = store
-        self.clock = clock
         self.prefix = prefix.rstrip("/")
         self.unreadable: list[str] = []
         """Assignments the last :meth:`assignments` could not parse (the slot reports them)."""
-        self._read: dict[str, tuple[str, Assignment]] = {}
-        """Assignment key -> (the listing's ETag when it was read, what was read): a look at
-        the channel reads only what is new or rewritten."""
-        self._tags: dict[str, tuple[str, float]] = {}
-        """Assignment key -> (its ETag in the listings, the monotonic time one first showed it)."""
+        self._clock = clock
+        self._seen: dict[str, _Seen] = {}
+        """Assignment key -> its ETag in the last listing, since when, and what was read under
+        it once settled: a look at the channel reads only what is new or rewritten."""
 
     # --- operator side ---------------------------------------------------------------------------
 
@@ -111,18 +119,15 @@ class SlotChannel:
         and its held assignments do not change between grants. What is read is kept under its
         ETag only once listings have shown that ETag for :data:`TAG_SETTLE_SECONDS`."""
         found: dict[str, Assignment] = {}
-        read: dict[str, tuple[str, Assignment]] = {}
-        tags: dict[str, tuple[str, float]] = {}
+        seen: dict[str, _Seen] = {}
         unreadable: list[str] = []
         for info in self.store.list(keys.slot_assignments_prefix(self.prefix)):
-            now, tag, known = self.clock(), info.etag, self._read.get(info.key)
-            if tag is not None:
-                first = self._tags.get(info.key)
-                tags[info.key] = (tag, first[1] if first and first[0] == tag else now)
-            if known is not None and known[0] == tag:
-                read[info.key] = known
-                found[known[1].key] = known[1]
+            now, last = self._clock(), self._seen.get(info.key)
+            if last is not None and last.tag == info.etag and last.assignment is not None:
+                seen[info.key] = last
+                found[last.assignment.key] = last.assignment
                 continue
+            since = last.since if last is not None and last.tag == info.etag else now
             raw = self._get(info.key)
             if raw is None:
                 continue  # revoked between list and get
@@ -132,12 +137,13 @@ class SlotChannel:
                 log.error("slot %s: unreadable assignment %s: %s", self.prefix, info.key, exc)
                 unreadable.append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
                 continue
-            if tag is not None and now - tags[info.key][1] >= TAG_SETTLE_SECONDS:
+            if info.etag is not None:
                 # Read after the listing: if it was rewritten in between, the next listing
                 # shows another ETag and it is read again.
-                read[info.key] = (tag, assignment)
+                settled = now - since >= TAG_SETTLE_SECONDS
+                seen[info.key] = _Seen(info.etag, since, assignment if settled else None)
             found[assignment.key] = assignment
-        self._read, self._tags = read, tags
+        self._seen = seen
         self.unreadable = unreadable
         return found
 
