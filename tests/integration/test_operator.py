@@ -293,29 +293,15 @@ def test_happy_path_two_shards(
 
 
 @pytest.fixture
-def finalizer_policy(cluster: Any, tmp_path: pathlib.Path) -> Iterator[None]:
+def finalizer_policy(cluster: Any) -> Iterator[None]:
     """The admission policy of crds/admission, as the chart installs it on Kubernetes >= 1.36,
     for one test: every other test of the session runs without it, the operator adding the
     finalizer itself (older clusters)."""
+    from llmbatch.commands.devstack import wait_until_batches_admitted
+
     policy = ROOT / "crds" / "admission"
     cluster.kubectl("apply", "-f", str(policy))
-    probe = {
-        "apiVersion": "llmbatch.io/v1alpha1",
-        "kind": "Batch",
-        "metadata": {"name": "batch-probe", "namespace": "default"},
-        "spec": {"endpoint": "/v1/chat/completions", "inputFileID": "file-probe"},
-    }
-    path = tmp_path / "probe.json"
-    path.write_text(json.dumps(probe))
-    deadline = time.monotonic() + 30
-    while True:  # the API server picks a new policy up from its own watch, within a second
-        seen = json.loads(
-            cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", str(path))
-        )
-        if seen["metadata"].get("finalizers"):
-            break
-        assert time.monotonic() < deadline, "the finalizer policy never took effect"
-        time.sleep(0.2)
+    wait_until_batches_admitted(str(cluster.kubeconfig), "default", timeout=30)
     yield
     cluster.kubectl("delete", "-f", str(policy), "--wait=true")
 

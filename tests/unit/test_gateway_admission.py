@@ -209,12 +209,15 @@ def test_a_failed_create_gives_the_reservation_back(
     assert account_status(fake_gateway)["reserved"] == "0.000000"
 
 
-def test_losing_an_idempotent_race_keeps_the_winners_reservation(
-    fake_gateway: FakeGateway, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("idempotency", [{"Idempotency-Key": "k-1"}, {}], ids=["key", "no-key"])
+def test_a_create_that_finds_its_name_taken_answers_with_that_batch(
+    fake_gateway: FakeGateway, monkeypatch: pytest.MonkeyPatch, idempotency: dict[str, str]
 ) -> None:
-    """Two requests with one Idempotency-Key: A reserves, B finds the reservation and creates
+    """With an Idempotency-Key, two requests: A reserves, B finds the reservation and creates
     the Batch first. A's create then conflicts: the reservation is the hold of B's live batch
-    and stays."""
+    and stays. Without a key the random name can only have been taken by the request's own
+    earlier try (the client tries a create the API server answered 503 again, and the first
+    was stored after all): the answer is that batch, once, listed at once."""
     key = fake_gateway.key(NS)
     add_pool(fake_gateway)
     add_account(fake_gateway, "1")
@@ -231,7 +234,7 @@ def test_losing_an_idempotent_race_keeps_the_winners_reservation(
     monkeypatch.setattr(kube, "create", other_request_wins)
     resp = fake_gateway.client.post(
         "/v1/batches",
-        headers={**auth(key), "Idempotency-Key": "k-1"},
+        headers={**auth(key), **idempotency},
         json={
             "endpoint": "/v1/chat/completions",
             "completion_window": "24h",
@@ -240,10 +243,13 @@ def test_losing_an_idempotent_race_keeps_the_winners_reservation(
     )
     assert resp.status_code == 200, resp.text  # the replay of B's batch
     (batch,) = batches(fake_gateway)
-    assert resp.json()["id"] == "batch_" + batch["metadata"]["name"].removeprefix("batch-")
+    batch_id = "batch_" + batch["metadata"]["name"].removeprefix("batch-")
+    assert resp.json()["id"] == batch_id
     (entry,) = account_status(fake_gateway)["reservations"]
     assert entry["batch"] == batch["metadata"]["name"]
     assert account_status(fake_gateway)["reserved"] == entry["amount"]
+    listed = fake_gateway.client.get("/v1/batches", headers=auth(key)).json()["data"]
+    assert [b["id"] for b in listed] == [batch_id]
 
 
 def test_a_create_that_may_have_succeeded_keeps_the_reservation(

@@ -4,7 +4,8 @@
 
 1. ``setup`` applies the CRDs and kopf's peering object, creates the namespaces, a BatchPool
    serving SmolLM2 on the CPU vLLM engine, the tenant ``demo`` and an API key for it (written to
-   ``<state_dir>/demo.env``), then waits — it is the component the others start after;
+   ``<state_dir>/demo.env``), waits until the API server admits a Batch, then waits — it is the
+   component the others start after;
 2. ``operator`` — ``llmbatch operator`` with a filesystem store in ``<state_dir>/store``;
 3. ``gateway`` — ``llmbatch gateway`` on http://127.0.0.1:8000 with the same store.
 
@@ -22,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,6 +225,38 @@ def _apply(kubeconfig: str, *objects: dict[str, Any]) -> None:
     _kubectl(kubeconfig, "apply", "-f", "-", stdin="\n".join(json.dumps(o) for o in objects))
 
 
+def wait_until_batches_admitted(kubeconfig: str, namespace: str, timeout: float = 60) -> None:
+    """Return once the API server creates a Batch as the finalizer policy of ``crds/admission``
+    has it: a server-side dry run comes back with the finalizer.
+
+    A new policy takes effect from the server's own watch within a second; and for a few
+    seconds after the CRDs are installed the policy's admission plugin, which learns a new
+    kind's schema from ``/openapi/v3`` on a 5 s poll, refuses every Batch create with 503."""
+    probe = {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "Batch",
+        "metadata": {"name": "batch-admission-probe", "namespace": namespace},
+        "spec": {"endpoint": "/v1/chat/completions", "inputFileID": "file-probe"},
+    }
+    argv = [str(kubectl_binary()), f"--kubeconfig={kubeconfig}", "create", "--dry-run=server"]
+    deadline = time.monotonic() + timeout
+    while True:
+        result = subprocess.run(
+            [*argv, "-o", "json", "-f", "-"],
+            input=json.dumps(probe),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        if result.returncode == 0 and json.loads(result.stdout)["metadata"].get("finalizers"):
+            return
+        if time.monotonic() > deadline:
+            why = result.stderr.strip() or "created without the finalizer"
+            raise click.ClickException(f"no Batch admitted within {timeout:.0f} s: {why}")
+        time.sleep(0.25)
+
+
 def setup(state_dir: Path, kubeconfig: str, gateway_port: int = GATEWAY_PORT) -> Path:
     """Idempotently prepare the cluster for the demo; returns the env file with the key."""
     from llmbatch.executor.models import MODELS, cache_dir
@@ -254,6 +288,8 @@ def setup(state_dir: Path, kubeconfig: str, gateway_port: int = GATEWAY_PORT) ->
     _apply(
         kubeconfig, *namespaces, *priority_classes(), peering, demo_pool(folder, str(cache_dir()))
     )
+    # "ready" means a client can create a batch: kubectl does not retry a 503
+    wait_until_batches_admitted(kubeconfig, DEMO_TENANT)
     # A fresh key each time the stack starts (the previous cluster's Secrets are gone).
     key = new_api_key()
     secret = key_secret(

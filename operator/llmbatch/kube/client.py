@@ -3,7 +3,8 @@
 Built on ``kubernetes_asyncio`` (the event loops of kopf and of the gateway must never block on a
 synchronous client). Objects come back as plain camelCase dicts. Reads and merge patches that
 meet a throttled (429) or briefly failing (5xx) API server are retried; creates and conditional
-writes are not retried on 5xx (the object may have been written). A 409 on a create or on a
+writes are not retried on 5xx (the object may have been written), save a create the server
+answered 503 (not served; the name keeps a retry from making two). A 409 on a create or on a
 resourceVersion-guarded write is :class:`Conflict`; a 404 reads as "not there" (None / False).
 Every other failure is the ``ApiException`` itself, for the caller's boundary to map (the gateway
 answers 503, the operator's next reconcile retries).
@@ -12,9 +13,10 @@ answers 503, the operator's next reconcile retries).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
@@ -27,10 +29,23 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from llmbatch.api.resources import GROUP, VERSION
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 _MERGE_PATCH = "application/merge-patch+json"
 #: The HTTP read buffer, as kubernetes_asyncio sizes it: a watch event carries a whole object
 #: (etcd allows 1.5 MiB).
 READ_BUFSIZE = 2**21
+
+
+UNAVAILABLE_SECONDS = 10.0
+"""How long a create the API server answered 503 (unavailable) is tried again."""
+
+
+def _unavailable_pauses() -> Iterator[float]:
+    """The pauses between tries of an unavailable create: 0.2 s doubling to 2 s, then 2 s."""
+    pause = 0.2
+    while True:
+        yield pause
+        pause = min(pause * 2, 2.0)
 
 
 class Conflict(Exception):
@@ -185,22 +200,43 @@ class KubeClient:
     async def create_custom(
         self, plural: str, namespace: str, body: dict[str, Any]
     ) -> dict[str, Any]:
-        """Create a namespaced object; :class:`Conflict` when its name is taken."""
-        try:
-            created: dict[str, Any] = await self.call_json(
-                self.custom.create_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                body,
-                retry_5xx=False,
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                raise Conflict(body["metadata"]["name"]) from exc
-            raise
-        return created
+        """Create a namespaced object; :class:`Conflict` when its name is taken.
+
+        A 503 is tried again for up to :data:`UNAVAILABLE_SECONDS`: the API server says it did
+        not serve the request. A fresh install answers so for a few seconds: the admission
+        chain's MutatingAdmissionPolicy plugin learns a new kind's schema from ``/openapi/v3``
+        on a 5 s poll, and until then refuses every create of that kind the chart's finalizer
+        policy matches (Batches) with 503, whatever the policy's ``failurePolicy``. A retry
+        cannot make a second object (the name is the same): if an earlier attempt was stored
+        after all, the retry meets :class:`Conflict`, as a concurrent creator's would.
+        """
+        deadline = time.monotonic() + UNAVAILABLE_SECONDS
+        for pause in _unavailable_pauses():
+            try:
+                created: dict[str, Any] = await self.call_json(
+                    self.custom.create_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    plural,
+                    body,
+                    retry_5xx=False,
+                )
+                return created
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise Conflict(body["metadata"]["name"]) from exc
+                if exc.status != 503 or time.monotonic() + pause > deadline:
+                    raise
+                log.info(
+                    "create of %s %s/%s unavailable (503); again in %.1f s",
+                    plural,
+                    namespace,
+                    body["metadata"]["name"],
+                    pause,
+                )
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
 
     async def create_or_adopt_custom(
         self, plural: str, namespace: str, body: dict[str, Any]

@@ -204,21 +204,26 @@ async def _create(
     It is given back only when no Batch has it; any other failure (a timeout, say) may have
     created the Batch server-side, and the operator's upkeep drops a reservation whose Batch
     never appeared after 5 minutes.
+
+    Without a key the name is random (96 bits): only this request's own create, tried again
+    after the API server answered 503 (``KubeClient.create_custom``), can have taken it.
     """
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     try:
         created = await gw.kube.create("batches", namespace, manifest)
-    except Conflict as exc:  # a concurrent create with the same Idempotency-Key won
+    except Conflict as exc:  # a concurrent create with the same Idempotency-Key won, or ours
         existing = await gw.kube.get("batches", namespace, name)
         if existing is None and admitted.reserved:
             await release_credit(gw.kube, namespace, name)
-        if existing is None or not label:
+        if existing is None:
             raise APIError(
                 409, "The batch is being created concurrently; retry.", code="conflict"
             ) from exc
-        if admitted.reserved:  # this request's reservation holds the winner's batch
-            metrics.CREDITS_RESERVED.inc(float(admitted.estimate.amount))
-        return check_replay(existing, request.fingerprint)
+        if label:
+            if admitted.reserved:  # this request's reservation holds the winner's batch
+                metrics.CREDITS_RESERVED.inc(float(admitted.estimate.amount))
+            return check_replay(existing, request.fingerprint)
+        created = existing  # no key: this request's earlier try was stored after all
     gw.reads.put("batches", namespace, name, created)
     gw.lists.batches.put(created)  # listed at once: a client lists what it just created
     metrics.BATCHES_CREATED.inc()
