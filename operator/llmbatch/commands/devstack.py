@@ -238,21 +238,18 @@ def wait_until_batches_admitted(kubeconfig: str, namespace: str, timeout: float 
         "metadata": {"name": "batch-admission-probe", "namespace": namespace},
         "spec": {"endpoint": "/v1/chat/completions", "inputFileID": "file-probe"},
     }
-    argv = [str(kubectl_binary()), f"--kubeconfig={kubeconfig}", "create", "--dry-run=server"]
+    dry_run = ("create", "--dry-run=server", "-o", "json", "-f", "-")
     deadline = time.monotonic() + timeout
     while True:
-        result = subprocess.run(
-            [*argv, "-o", "json", "-f", "-"],
-            input=json.dumps(probe),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        if result.returncode == 0 and json.loads(result.stdout)["metadata"].get("finalizers"):
-            return
+        try:
+            out = _kubectl(kubeconfig, *dry_run, stdin=json.dumps(probe))
+        except click.ClickException as exc:  # e.g. the 503
+            why = exc.message
+        else:
+            if json.loads(out)["metadata"].get("finalizers"):
+                return
+            why = "created without the finalizer"
         if time.monotonic() > deadline:
-            why = result.stderr.strip() or "created without the finalizer"
             raise click.ClickException(f"no Batch admitted within {timeout:.0f} s: {why}")
         time.sleep(0.25)
 

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
@@ -37,15 +37,8 @@ READ_BUFSIZE = 2**21
 
 
 UNAVAILABLE_SECONDS = 10.0
-"""How long a create the API server answered 503 (unavailable) is tried again."""
-
-
-def _unavailable_pauses() -> Iterator[float]:
-    """The pauses between tries of an unavailable create: 0.2 s doubling to 2 s, then 2 s."""
-    pause = 0.2
-    while True:
-        yield pause
-        pause = min(pause * 2, 2.0)
+"""How long a create the API server answered 503 (unavailable) is tried again, with pauses
+from 0.2 s doubling to 2 s."""
 
 
 class Conflict(Exception):
@@ -210,8 +203,8 @@ class KubeClient:
         cannot make a second object (the name is the same): if an earlier attempt was stored
         after all, the retry meets :class:`Conflict`, as a concurrent creator's would.
         """
-        deadline = time.monotonic() + UNAVAILABLE_SECONDS
-        for pause in _unavailable_pauses():
+        deadline, pause = time.monotonic() + UNAVAILABLE_SECONDS, 0.2
+        while True:
             try:
                 created: dict[str, Any] = await self.call_json(
                     self.custom.create_namespaced_custom_object,
@@ -236,7 +229,7 @@ class KubeClient:
                     pause,
                 )
             await asyncio.sleep(pause)
-        raise AssertionError("unreachable")
+            pause = min(pause * 2, 2.0)
 
     async def create_or_adopt_custom(
         self, plural: str, namespace: str, body: dict[str, Any]
