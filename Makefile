@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo      run the main job (README)"
 	@echo "make test      lint, verify and run every test tier"
-	@echo "make lint      ruff, mypy --strict, import-linter"
+	@echo "make lint      ruff, mypy --strict, import-linter, deptry"
 	@echo "make verify    fail when generated files (CRDs, chart, schema) drift"
 	@echo "make gen       regenerate CRDs, chart CRD templates and values schema"
 	@echo "make lock      re-resolve hack/requirements-dev.lock (the dev venv's versions)"
@@ -53,6 +53,7 @@ lint: venv
 	$(BIN)/ruff format --check operator tests hack benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/deptry operator
 
 fmt: venv
 	$(BIN)/ruff format operator tests hack benchmarks

@@ -10,6 +10,8 @@ machine with an empty cache — the CI failure of stop 43."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -65,3 +67,15 @@ def test_the_venv_and_the_images_install_under_the_lock() -> None:
     cpu = (REPO / "images" / "executor-cpu" / "Dockerfile").read_text()
     assert "-c /tmp/context/hack/requirements-dev.lock" in cpu
     assert "!hack/requirements-dev.lock" in (REPO / ".dockerignore").read_text()
+
+
+def test_the_package_declares_exactly_what_it_imports() -> None:
+    """deptry over the shipped package: every import is a declared dependency (none arrives only
+    through another package's requirements), and no runtime dependency goes unused (a test-only
+    client such as httpx belongs to the dev extra). `make lint` runs the same check."""
+    assert "$(BIN)/deptry operator" in (REPO / "Makefile").read_text()
+    deptry = Path(sys.executable).with_name("deptry")
+    result = subprocess.run(
+        [str(deptry), "operator"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
