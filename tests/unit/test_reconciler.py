@@ -75,6 +75,13 @@ def test_validate_run_finalize(h: ReconcilerHarness) -> None:
     assert h.reasons()[:2] == ["Accepted", "Validated"]
     assert h.reasons()[-1] == "Completed"
     assert h.jobs() == []  # the slot exited when idle (idleSeconds: 0) and its Job is removed
+    output = h.kube.get("batchfiles", TENANT, status["outputFileID"])
+    assert output is not None
+    labels = output["metadata"]["labels"]  # the recommended labels, as on every created object
+    assert labels["app.kubernetes.io/instance"] == BATCH
+    assert labels["app.kubernetes.io/component"] == "batch-results"
+    assert labels["app.kubernetes.io/part-of"] == "llm-batch-operator"
+    assert labels["app.kubernetes.io/managed-by"] == "llm-batch-operator"
 
 
 def test_a_shard_seen_only_once_done_still_names_its_slot(h: ReconcilerHarness) -> None:

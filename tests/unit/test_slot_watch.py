@@ -231,3 +231,27 @@ def test_a_channel_without_a_slot_job_is_removed_at_the_second_sweep(
     assert orphan.heartbeat() is None
     assert slot in slot_names(h)
     assert channel(h, slot).heartbeat() is not None  # a slot with a Job keeps its channel
+
+
+def test_a_suspended_slot_waits_for_admission_and_its_start_time_counts_from_its_resumption(
+    h: ReconcilerHarness,
+) -> None:
+    """A slot Job created suspended (a pool that Kueue admits) has no pod: it is waiting, not
+    failing to start, however long Kueue keeps it; once resumed it has the start bound again."""
+    h.kube.add("batchpools", make_pool(executor={"engine": "simulated", "createSuspended": True}))
+    name = submit(h, "batch-" + "s" * 24, requests=2)
+    h.pool_round()
+    (job,) = h.jobs()
+    slot = job["metadata"]["name"]
+    assert job["spec"]["suspend"] is True
+    observer = h.pools.slots.observer
+    observer.config = dataclasses.replace(observer.config, slot_start_seconds=120)
+    h.watch(600)  # five start bounds waiting for admission
+    assert slot_names(h) == [slot]
+    assert not [e for e in h.events if e[1] in ("SlotNotStarting", "SlotNotStarted")], h.events
+    job["spec"]["suspend"] = False  # admitted: Kueue resumes the Job
+    h.watch(100)
+    assert slot_names(h) == [slot]
+    h.watch(30)  # no heartbeat within the start bound after its resumption
+    assert slot not in slot_names(h)
+    assert lease_of(h, name).attempts == 0  # type: ignore[attr-defined]

@@ -11,7 +11,15 @@ from typing import Any
 
 from llmbatch.api.resources import API_VERSION, GROUP, VERSION, BatchSpec, ResourceKind
 
-_KEEP_KEYS = ("description", "maxLength", "minLength", "pattern", "minimum", "maximum")
+_KEEP_KEYS = (
+    "description",
+    "maxLength",
+    "minLength",
+    "pattern",
+    "minimum",
+    "maximum",
+    "x-kubernetes-validations",  # a model's CEL rules (its json_schema_extra)
+)
 _LIST_KEYS = {"minItems": "minItems", "maxItems": "maxItems"}
 _MAP_KEYS = {"minProperties": "minProperties", "maxProperties": "maxProperties"}
 

@@ -10,19 +10,25 @@ from typing import Any
 
 import yaml
 
+from llmbatch.api import labels
 from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.controller.config import OperatorConfig
+from llmbatch.core.podtemplate import creates_suspended, merge_pod_template
 
 LABEL_BATCH_UID = "llmbatch.io/batch-uid"
 LABEL_POOL = "llmbatch.io/pool"
 LABEL_SLOT = "llmbatch.io/slot"
-LABEL_COMPONENT = "app.kubernetes.io/component"
+#: The variable the executor finds its slot by: the operator's, whatever the pool's env says.
+SLOT_ENV = "LLMBATCH_SLOT"
 
 
 def slot_selector(pool_name: str) -> str:
     """The label selector of a pool's slot Jobs and their pods."""
     return f"{LABEL_POOL}={pool_name},{LABEL_SLOT}"
 
+
+#: The component label of slot Jobs and pods (the chart's executor NetworkPolicy selects it).
+SLOT_COMPONENT = "executor"
 
 #: The tier whose PriorityClass slot pods run under (a slot serves every tier of its pool;
 #: tiers are ordered inside the pool by the scheduler's queue).
@@ -96,8 +102,8 @@ def _resources(pool: BatchPoolSpec) -> dict[str, dict[str, str]]:
 def _container(config: OperatorConfig, pool: BatchPoolSpec, name: str, spec_key: str) -> Any:
     """The executor container: the slot spec's location, env, resources, store credentials."""
     executor = pool.executor
-    env = [{"name": "LLMBATCH_SLOT", "value": name}]
-    env += [{"name": e.name, "value": e.value} for e in executor.env or []]
+    env = [{"name": SLOT_ENV, "value": name}]
+    env += [e.to_k8s() for e in executor.env or [] if e.name != SLOT_ENV]
     container: dict[str, Any] = {
         "name": "executor",
         "image": executor.image,
@@ -125,11 +131,9 @@ def _pod_spec(config: OperatorConfig, pool: BatchPoolSpec, tier: str, container:
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": executor.termination_grace_seconds,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        # No runAsUser: the image's numeric USER (65532) runs, or the uid the platform assigns
+        # (OpenShift's restricted SCC); runAsNonRoot has the kubelet refuse root either way.
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
@@ -173,22 +177,41 @@ def build_slot_job(
     another slot when the backlog wants one. Preemption (exit 75) and disruption (a node
     drain) are ignored by the pod failure policy: the Job replaces that pod under the same
     slot, which resumes its assignments from their committed chunks.
+
+    The pool's ``executor.podTemplate`` is merged under the operator's fields
+    (``core.podtemplate``); a pool that asks for it (or names a Kueue queue) gets its Jobs
+    created suspended, for the admission controller to resume.
     """
-    labels = {LABEL_POOL: pool_name, LABEL_SLOT: slot, LABEL_COMPONENT: "executor"}
+    owned = {
+        LABEL_POOL: pool_name,
+        LABEL_SLOT: slot,
+        **labels.recommended_labels(
+            name=labels.EXECUTOR, instance=pool_name, component=SLOT_COMPONENT
+        ),
+    }
     container = _container(config, pool, slot, spec_key)
     pod_spec = _pod_spec(config, pool, SLOT_PRIORITY_TIER, container)
-    return {
+    job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": slot, "namespace": pool.worker_namespace, "labels": labels},
+        "metadata": {"name": slot, "namespace": pool.worker_namespace, "labels": owned},
         "spec": {
             "completions": 1,
             "parallelism": 1,
             "backoffLimit": 0,
             "podFailurePolicy": copy.deepcopy(POD_FAILURE_POLICY),
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": {"labels": dict(owned)}, "spec": pod_spec},
         },
     }
+    if creates_suspended(pool.executor):
+        job["spec"]["suspend"] = True
+    return merge_pod_template(job, pool.executor.pod_template)
+
+
+def job_suspended(job: dict[str, Any]) -> bool:
+    """A slot Job that waits for admission (``spec.suspend``): it has no pod, so it has not
+    failed to start; Kueue (or whoever created it suspended) resumes it."""
+    return bool((job.get("spec") or {}).get("suspend"))
 
 
 def slot_revision(

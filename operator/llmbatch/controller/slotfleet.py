@@ -249,7 +249,8 @@ class SlotFleet:
         job = build_slot_job(
             config=self.config, pool_name=pool_name, pool=pool, slot=slot, spec_key=spec_key
         )
-        job["metadata"]["annotations"] = {
+        job["metadata"]["annotations"] = {  # over the pool's podTemplate annotations
+            **job["metadata"].get("annotations", {}),
             ANNOTATION_MODEL: model,
             ANNOTATION_MODEL_REVISION: pinned or "",
             ANNOTATION_REVISION: slot_revision(self.config, pool, model, pinned) or "",

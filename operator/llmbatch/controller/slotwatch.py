@@ -5,8 +5,9 @@ Liveness is timed on the operator's clock over the time it could see (``core.slo
 a store outage or a stalled operator never makes slots look lost. A slot whose pod sends no
 heartbeat is looked into (its pod's waiting reason: an image that cannot be pulled, a missing
 Secret, a GPU request no node meets), reported as a Warning Event on the pool and on the batches
-waiting for it, and removed without blame after ``LLMBATCH_SLOT_START_SECONDS``. A message of a
-peer of another version that cannot be parsed is an Event and a metric, never a crash.
+waiting for it, and removed without blame after ``LLMBATCH_SLOT_START_SECONDS``, counted from
+when its Job was last seen suspended (waiting for admission, e.g. by Kueue). A message of a peer
+of another version that cannot be parsed is an Event and a metric, never a crash.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from llmbatch.api.resources import BatchPoolSpec
 from llmbatch.api.slot import Assignment, SlotHeartbeat
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import LABEL_SLOT, SlotShapes
+from llmbatch.controller.jobs import LABEL_SLOT, SlotShapes, job_suspended
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.slotfleet import (
     ANNOTATION_MODEL,
@@ -158,6 +159,8 @@ class SlotObserver:
         if heartbeat is not None and heartbeat.unreadable:
             what = f"could not read its assignments {', '.join(heartbeat.unreadable[:5])}"
             self._unreadable(pool_name, name, "assignment", what, result)
+        if job_suspended(job):
+            live.suspended(name, now)
         lost = job_ended(job)
         exited = lost == "slot Job complete"
         if lost is None and live.lapsed(name, now):

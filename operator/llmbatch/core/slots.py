@@ -317,6 +317,12 @@ class Liveness:
             return 0.0
         return now - self._first.get(slot, now)
 
+    def suspended(self, slot: str, now: float) -> None:
+        """The slot's Job waits for admission (``spec.suspend``): it has no pod to start, so
+        its start time begins when it is resumed, not when it was created."""
+        if slot not in self._seen:
+            self._first[slot] = now
+
     def forget(self, slot: str) -> None:
         self._seen.pop(slot, None)
         self._first.pop(slot, None)

@@ -7,9 +7,10 @@ These models are the single source of truth: ``hack/gen_crds.py`` turns them int
 list is bounded, no floats (decimals are strings), no free-form maps except ``metadata``,
 ``nodeSelector`` and an inline request ``body``.
 
-One module per kind (``batch``, ``batchfile``, ``pool``, ``credit``, ``webhook``), the field types
-and base model they share (``fields``, ``base``) and the registry the generator reads
-(``registry``); everything is importable from here.
+One module per kind (``batch``, ``batchfile``, ``pool``, ``credit``, ``webhook``), the core/v1
+shapes a pool's slot pods take (``podtemplate``), the field types and base model they share
+(``fields``, ``base``) and the registry the generator reads (``registry``); everything is
+importable from here.
 """
 
 from __future__ import annotations
@@ -61,12 +62,22 @@ from llmbatch.api.resources.fields import (
     Text,
     Tier,
 )
+from llmbatch.api.resources.podtemplate import (
+    Affinity,
+    EnvVar,
+    LabelRequirement,
+    LabelSelector,
+    PodMetadata,
+    PodTemplate,
+    Toleration,
+    TopologySpreadConstraint,
+    Volume,
+    VolumeMount,
+)
 from llmbatch.api.resources.pool import (
     BatchPoolSpec,
     BatchPoolStatus,
-    EnvVar,
     ExecutorSpec,
-    LabelRequirement,
     ModelCache,
     NamespaceSelector,
     PoolBilling,
@@ -78,7 +89,6 @@ from llmbatch.api.resources.pool import (
     PoolTiers,
     QueueDepth,
     TierSettings,
-    Toleration,
 )
 from llmbatch.api.resources.registry import RESOURCES, ResourceKind
 from llmbatch.api.resources.webhook import (
@@ -96,6 +106,7 @@ __all__ = [
     "GROUP",
     "RESOURCES",
     "VERSION",
+    "Affinity",
     "BatchBilling",
     "BatchFileSpec",
     "BatchFileStatus",
@@ -123,10 +134,13 @@ __all__ = [
     "InlineRequest",
     "Label",
     "LabelRequirement",
+    "LabelSelector",
     "ModelCache",
     "NamespaceSelector",
     "ObjectID",
     "Phase",
+    "PodMetadata",
+    "PodTemplate",
     "PoolBilling",
     "PoolLimits",
     "PoolModel",
@@ -151,8 +165,11 @@ __all__ = [
     "Tier",
     "TierSettings",
     "Toleration",
+    "TopologySpreadConstraint",
     "Usage",
     "ValidationError",
+    "Volume",
+    "VolumeMount",
     "WebhookEventType",
     "WebhookURL",
 ]

@@ -15,6 +15,7 @@ from llmbatch.api.resources.fields import (
     Quantity,
     ShortText,
 )
+from llmbatch.api.resources.podtemplate import EnvVar, LabelSelector, PodTemplate, Toleration
 
 Modality = Literal["text", "image", "audio"]
 """An input modality (``llmbatch.core.validation.media.MODALITIES``)."""
@@ -38,33 +39,8 @@ class PoolModel(CRModel):
     list it is refused with the line's number before it is queued (docs/validation.md)."""
 
 
-LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=317)]
-"""A label key: an optional DNS prefix (253) and '/' and a name (63)."""
-
-
-class LabelRequirement(CRModel):
-    """One requirement of a label selector (as in meta/v1 LabelSelectorRequirement)."""
-
-    key: LabelKey
-    """The label key."""
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    """How the label's value relates to values."""
-    values: Annotated[list[Label], Field(max_length=64)] | None = None
-    """Values for In and NotIn."""
-
-
-class NamespaceSelector(CRModel):
+class NamespaceSelector(LabelSelector):
     """Tenant namespaces by label (as a meta/v1 LabelSelector: every term must hold)."""
-
-    match_labels: (
-        Annotated[
-            dict[Annotated[str, StringConstraints(max_length=317)], Label], Field(max_length=32)
-        ]
-        | None
-    ) = None
-    """Labels the namespace must carry with exactly these values."""
-    match_expressions: Annotated[list[LabelRequirement], Field(max_length=16)] | None = None
-    """Further requirements on the namespace's labels."""
 
 
 class PoolTenants(CRModel):
@@ -74,30 +50,6 @@ class PoolTenants(CRModel):
     """Tenant namespaces served by name."""
     namespace_selector: NamespaceSelector | None = None
     """Tenant namespaces served by label (an empty selector matches every namespace)."""
-
-
-class Toleration(CRModel):
-    """A pod toleration (as in core/v1)."""
-
-    key: ShortText | None = None
-    """Taint key; empty with operator Exists matches every taint."""
-    operator: Literal["Exists", "Equal"] = "Equal"
-    """Exists or Equal."""
-    value: ShortText | None = None
-    """Taint value for Equal."""
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    """Taint effect to match; empty matches all."""
-    toleration_seconds: int | None = None
-    """How long a NoExecute taint is tolerated."""
-
-
-class EnvVar(CRModel):
-    """An environment variable of shard pods (plain values only; secrets via storeSecretName)."""
-
-    name: Annotated[str, StringConstraints(min_length=1, max_length=128)]
-    """Variable name."""
-    value: Annotated[str, StringConstraints(max_length=4096)] = ""
-    """Variable value."""
 
 
 class ModelCache(CRModel):
@@ -123,7 +75,8 @@ class ExecutorSpec(CRModel):
     engine_args: Annotated[list[ShortText], Field(max_length=64)] | None = None
     """Extra vLLM engine arguments, e.g. --max-num-seqs=64."""
     env: Annotated[list[EnvVar], Field(max_length=64)] | None = None
-    """Extra environment of shard pods, e.g. VLLM_CPU_KVCACHE_SPACE."""
+    """Extra environment of slot pods, e.g. VLLM_CPU_KVCACHE_SPACE, or a token from a Secret
+    (valueFrom)."""
     cpu: Quantity | None = None
     """CPU request and limit of a shard pod."""
     memory: Quantity | None = None
@@ -149,6 +102,13 @@ class ExecutorSpec(CRModel):
     """ServiceAccount of slot pods (no token is mounted)."""
     store_secret_name: DNSName | None = None
     """Secret in the worker namespace with object-store credentials."""
+    pod_template: PodTemplate | None = None
+    """Labels, annotations, affinity, topology spread, tolerations, a priority class and extra
+    volumes of slot pods, merged under the fields the operator owns."""
+    create_suspended: bool = False
+    """Create slot Jobs with spec.suspend true, for an admission controller (Kueue) to resume
+    when it admits them; a Job labelled kueue.x-k8s.io/queue-name is created suspended anyway.
+    A suspended slot waits for admission: never removed for not starting."""
 
 
 class PoolRetries(CRModel):

@@ -12,6 +12,7 @@ import math
 import time
 from typing import Any
 
+from llmbatch.api import labels
 from llmbatch.api.resources import (
     API_VERSION,
     BatchPoolSpec,
@@ -284,6 +285,10 @@ def _derived(batch: BatchView, purpose: str) -> str:
     return keys.derived_file_id(batch.uid, purpose)
 
 
+#: The component label of a batch's output and error BatchFiles.
+RESULTS_COMPONENT = "batch-results"
+
+
 def _result_file(
     batch: BatchView, file_id: str, suffix: str, key: str, size: int, lines: int, now: float
 ) -> dict[str, Any]:
@@ -294,7 +299,12 @@ def _result_file(
         "metadata": {
             "name": file_id,
             "namespace": batch.namespace,
-            "labels": {LABEL_BATCH_UID: batch.uid},
+            "labels": {
+                LABEL_BATCH_UID: batch.uid,
+                **labels.recommended_labels(
+                    name=labels.PROJECT, instance=batch.name, component=RESULTS_COMPONENT
+                ),
+            },
             "ownerReferences": [
                 {
                     "apiVersion": API_VERSION,
