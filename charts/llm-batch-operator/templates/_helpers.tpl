@@ -1,34 +1,59 @@
-{{/* Common labels of every object the chart creates. */}}
+{{/* The application's name: the chart's, or nameOverride. */}}
+{{- define "llm-batch-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/* Common labels of every object the chart creates (the Kubernetes recommended labels). */}}
 {{- define "llm-batch-operator.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "llm-batch-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: llm-batch-operator
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
-{{/* Name prefix of the release's objects (at most 52 characters, so suffixes still fit 63). */}}
+{{/* Name prefix of the release's objects (at most 52 characters, so suffixes still fit 63):
+     fullnameOverride, else the release name when it already names the chart, else both. */}}
 {{- define "llm-batch-operator.fullname" -}}
-{{- if or (contains .Chart.Name .Release.Name) (contains "llmbatch" .Release.Name) -}}
+{{- $name := include "llm-batch-operator.name" . -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
+{{- else if or (contains $name .Release.Name) (contains "llmbatch" .Release.Name) -}}
 {{- .Release.Name | trunc 52 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 52 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" -}}
 {{- end -}}
 {{- end }}
 
 {{/* Selector labels of one component: include with (list $ "operator"). */}}
 {{- define "llm-batch-operator.selectorLabels" -}}
 {{- $root := index . 0 -}}
-app.kubernetes.io/name: {{ $root.Chart.Name }}
+app.kubernetes.io/name: {{ include "llm-batch-operator.name" $root }}
 app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
-{{/* Image reference of one component: include with (list $ .Values.operator.repository). */}}
+{{/* Labels of one component's pods: its podLabels under the chart's own. Include with
+     (list $ "operator" .Values.operator.podLabels). */}}
+{{- define "llm-batch-operator.podLabels" -}}
+{{- $root := index . 0 -}}
+{{- $own := include "llm-batch-operator.labels" $root | fromYaml -}}
+{{- $_ := set $own "app.kubernetes.io/component" (index . 1) -}}
+{{- toYaml (merge $own (index . 2 | default dict)) -}}
+{{- end }}
+
+{{/* Image reference of one component: include with (list $ REPOSITORY DIGEST); a digest pins
+     `<registry>/<repository>@<digest>`, else the tag (image.tag, or the appVersion). */}}
 {{- define "llm-batch-operator.image" -}}
 {{- $root := index . 0 -}}
 {{- $registry := required "image.registry is required: build and push the images first (make images images-push IMAGE_REGISTRY=<your registry>, docs/images.md) and set image.registry to that registry" $root.Values.image.registry -}}
-{{- printf "%s/%s:%s" (trimSuffix "/" $registry) (index . 1) (default $root.Chart.AppVersion $root.Values.image.tag) -}}
+{{- $repository := printf "%s/%s" (trimSuffix "/" $registry) (index . 1) -}}
+{{- with index . 2 -}}
+{{- printf "%s@%s" $repository . -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default $root.Chart.AppVersion $root.Values.image.tag) -}}
+{{- end -}}
 {{- end }}
 
 {{/* The store URI, required: no default store works in a cluster; with store.encryption's
@@ -103,25 +128,31 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "%s-gateway" (include "llm-batch-operator.fullname" .)) .Values.gateway.serviceAccount.name -}}
 {{- end }}
 
-{{/* Pod-level security context: the restricted Pod Security Standard. */}}
-{{- define "llm-batch-operator.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
+{{/* What a component's pod spec takes from its values beside the containers: security
+     context, priority class, placement and spread. Include with (list $ .Values.operator). */}}
+{{- define "llm-batch-operator.podPlacement" -}}
+{{- $component := index . 1 -}}
+securityContext:
+  {{- toYaml $component.podSecurityContext | nindent 2 }}
+{{- with $component.priorityClassName }}
+priorityClassName: {{ . }}
 {{- end }}
-
-{{/* Container-level security context: the restricted Pod Security Standard, read-only root. */}}
-{{- define "llm-batch-operator.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
+{{- with $component.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $component.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $component.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $component.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* Environment both the operator and the gateway read. */}}
