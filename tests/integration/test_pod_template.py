@@ -24,6 +24,7 @@ from tests.integration.test_operator import (
     get_batch,
     kubectl_json,
     make_batch,
+    pool_slots,
     read_lines,
     wait_for,
     wait_status,
@@ -39,13 +40,6 @@ def pool_name(cluster: Any) -> Iterator[str]:
     name = f"pool-{uuid.uuid4().hex[:8]}"
     yield name
     cluster.kubectl("delete", "batchpool", name, "--wait=false", check=False)
-
-
-def slot_jobs(cluster: Any, pool: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = kubectl_json(
-        cluster, "get", "jobs", "-n", WORKER_NAMESPACE, "-l", f"llmbatch.io/pool={pool}"
-    )["items"]
-    return items
 
 
 def slot_pods(cluster: Any, pool: str) -> list[dict[str, Any]]:
@@ -104,12 +98,14 @@ def test_a_suspended_slot_job_waits_for_admission_then_runs_its_shards_with_the_
     )
     apply(cluster, tmp_path, pool)
     name = make_batch(cluster, tmp_path, namespace, pool=pool_name, requests=chat_requests(6))
-    (job,) = wait_for(lambda: slot_jobs(cluster, pool_name), 60, "the slot Job")
+    (job,) = wait_for(lambda: pool_slots(cluster, pool_name), 60, "the slot Job")
     assert job["spec"]["suspend"] is True
     assert job["metadata"]["labels"][QUEUE_LABEL] == "gpu-queue"  # what Kueue admits it by
     # Waiting for admission: longer than the operator's slot lease (10 s), no pod, the Job kept.
     time.sleep(15)
-    assert [j["metadata"]["uid"] for j in slot_jobs(cluster, pool_name)] == [job["metadata"]["uid"]]
+    assert [j["metadata"]["uid"] for j in pool_slots(cluster, pool_name)] == [
+        job["metadata"]["uid"]
+    ]
     assert slot_pods(cluster, pool_name) == []
     assert get_batch(cluster, namespace, name)["status"]["status"] == "in_progress"
 
@@ -223,7 +219,11 @@ def test_the_slot_process_gets_its_variables_from_a_secret_and_the_pod(
         ),
         (
             {"podTemplate": {"metadata": {"labels": {"bad key!": "v"}}}},
-            "label keys must be [prefix/]name",
+            "labels keys must be [prefix/]name",
+        ),
+        (
+            {"podTemplate": {"nodeSelector": {"zone/": "a"}}},
+            "nodeSelector keys must be [prefix/]name",
         ),
         (
             {"podTemplate": {"metadata": {"labels": {"ok": "not a value"}}}},
@@ -237,13 +237,19 @@ def test_the_slot_process_gets_its_variables_from_a_secret_and_the_pod(
         "two-sources",
         "dangling-mount",
         "label-key",
+        "node-selector-key",
         "label-value",
     ],
 )
 def test_the_api_server_refuses_a_template_kubernetes_would_refuse(
-    cluster: Any, tmp_path: pathlib.Path, executor: dict[str, Any], message: str
+    cluster: Any,
+    operator_process: OperatorProcess,
+    tmp_path: pathlib.Path,
+    executor: dict[str, Any],
+    message: str,
 ) -> None:
-    """The CRD's rules refuse at apply time what would otherwise fail every slot Job's create."""
+    """The CRD's rules refuse at apply time what would otherwise fail every slot Job's create
+    (``operator_process`` applies the CRDs)."""
     pool = simulated_pool(f"pool-{uuid.uuid4().hex[:8]}", MODEL, executor=executor)
     path = tmp_path / "pool.json"
     path.write_text(json.dumps(pool))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints
+from pydantic.config import JsonDict
 
 from llmbatch.api.resources.base import CRModel
 from llmbatch.api.resources.fields import DNSName, Label, Quantity, ShortText
@@ -25,12 +26,21 @@ DNSLabel = Annotated[
 """An RFC 1123 label: the name of a volume."""
 AbsolutePath = Annotated[str, StringConstraints(pattern=r"^/", max_length=512)]
 
-#: A map key must be a label key (prefix/name), checked by the API server (a structural schema
-#: cannot constrain map keys).
-_KEY_RULE = (
-    r"self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))"
+_QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
+
+
+def _qualified_keys(field: str) -> JsonDict:
+    """The CEL rule that every key of the map ``field`` is a qualified name (``[prefix/]name``,
+    as label, annotation and node-selector keys are): a structural schema cannot constrain map
+    keys, so the API server checks them with this rule."""
+    return {
+        "rule": f"!has(self.{field}) || self.{field}.all(k, k.matches('{_QUALIFIED_NAME}'))",
+        "message": f"{field} keys must be [prefix/]name",
+    }
+
 
 #: Volumes and mount paths the operator gives every slot pod (jobs.py): a template's own may
 #: not take their names.
@@ -397,11 +407,8 @@ class PodMetadata(CRModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.labels) || "
-                    + _KEY_RULE.replace("self.all", "self.labels.all"),
-                    "message": "label keys must be [prefix/]name",
-                }
+                _qualified_keys("labels"),
+                _qualified_keys("annotations"),
             ]
         }
     )
@@ -440,7 +447,8 @@ class PodTemplate(CRModel):
                     "rule": "!has(self.volumeMounts) || self.volumeMounts.all(m,"
                     " has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
                     "message": "every volumeMount names one of podTemplate.volumes",
-                }
+                },
+                _qualified_keys("nodeSelector"),
             ]
         }
     )
@@ -449,7 +457,8 @@ class PodTemplate(CRModel):
     """Labels and annotations of the slot Job and its pod."""
     node_selector: (
         Annotated[
-            dict[Annotated[str, StringConstraints(max_length=317)], Label], Field(max_length=32)
+            dict[Annotated[str, StringConstraints(max_length=317)], LabelValue],
+            Field(max_length=32),
         ]
         | None
     ) = None
