@@ -241,9 +241,11 @@ async def _one_slot_life(rig: SharedRig, first: bool) -> Outcome:
     return await asyncio.wait_for(task, 30)
 
 
-class _SlowToNotice(SimulatedEngine):
+class _SlowToNotice(_CrashesWithBystanderInside):
     """Once the engine is dead, the bystander's requests never come back (a connection that
-    hangs instead of failing): only the slot can tell that run its engine broke."""
+    hangs instead of failing): only the slot can tell that run its engine broke. The crash
+    waits for a bystander request inside: with none inside (its feed waiting on its input or
+    its commits on a loaded machine) the run rightly has no suspects."""
 
     async def handle(self, request: EngineRequest) -> Any:
         try:
