@@ -26,6 +26,8 @@ from llmbatch.api.resources.base import (
 from llmbatch.api.resources.batch import (
     BATCH_FINALIZER,
     BatchBilling,
+    BatchConditionType,
+    BatchEndReason,
     BatchPhase,
     BatchSpec,
     BatchStatus,
@@ -97,6 +99,8 @@ __all__ = [
     "RESOURCES",
     "VERSION",
     "BatchBilling",
+    "BatchConditionType",
+    "BatchEndReason",
     "BatchFileSpec",
     "BatchFileStatus",
     "BatchPhase",

@@ -14,6 +14,8 @@ from typing import Any
 
 from llmbatch.api.resources import (
     API_VERSION,
+    BatchConditionType,
+    BatchEndReason,
     BatchPoolSpec,
     Phase,
     RequestCounts,
@@ -163,9 +165,9 @@ class Finalization(PhaseDeps):
         """(code, reason) of the error lines of a shard's requests that have no result."""
         if batch.status.status == Phase.CANCELLING:
             return "batch_cancelled", ""
-        if batch.has_condition("Expired"):
+        if batch.has_condition(BatchConditionType.EXPIRED):
             return "batch_expired", ""
-        if batch.has_condition("PoolDeleted"):
+        if batch.has_condition(BatchConditionType.POOL_DELETED):
             return "pool_deleted", f"pool {batch.status.pool} was deleted before this request ran"
         return "shard_failed", (shard.message if shard else None) or "the shard did not finish"
 
@@ -252,14 +254,14 @@ class Finalization(PhaseDeps):
         self, batch: BatchView, step: Step, merged: MergedResults, now: float, counts: str
     ) -> None:
         total = (batch.status.request_counts or RequestCounts()).total
-        final = Phase.COMPLETED
+        final, reason = Phase.COMPLETED, BatchEndReason.COMPLETED
         errors = []
         if batch.status.status == Phase.CANCELLING:
-            final = Phase.CANCELLED
-        elif batch.has_condition("Expired"):
-            final = Phase.EXPIRED
-        elif batch.has_condition("PoolDeleted"):
-            final = Phase.FAILED
+            final, reason = Phase.CANCELLED, BatchEndReason.CANCELLED
+        elif batch.has_condition(BatchConditionType.EXPIRED):
+            final, reason = Phase.EXPIRED, BatchEndReason.EXPIRED
+        elif batch.has_condition(BatchConditionType.POOL_DELETED):
+            final, reason = Phase.FAILED, BatchEndReason.POOL_DELETED
             errors.append(error("pool_deleted", f"Pool {batch.status.pool} was deleted."))
         if merged.input_missing:
             errors.append(error("input_file_deleted", merged.input_missing))
@@ -268,7 +270,7 @@ class Finalization(PhaseDeps):
             step.set(errors=errors)
         if batch.status.status != Phase.FINALIZING or not batch.status.finalizing_at:
             step.set(finalizing_at=int(now))
-        transition(step, batch, final, now, final.capitalize(), f"{counts} of {total}")
+        transition(step, batch, final, now, reason, f"{counts} of {total}")
 
 
 def recheck_seconds(batch: BatchView, now: float) -> float:

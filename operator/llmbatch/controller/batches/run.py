@@ -9,7 +9,15 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from llmbatch.api.resources import BatchPoolSpec, Phase, RequestCounts, ShardStatus, Usage
+from llmbatch.api.resources import (
+    BatchConditionType,
+    BatchEndReason,
+    BatchPoolSpec,
+    Phase,
+    RequestCounts,
+    ShardStatus,
+    Usage,
+)
 from llmbatch.api.shard import EngineSpec, ModelRef, RequestRetries, ShardSpec
 from llmbatch.api.slot import ShardLease
 from llmbatch.controller.batches.deps import PhaseDeps
@@ -200,7 +208,8 @@ class ShardRuns(PhaseDeps):
         """The pool was deleted under a running batch: stop, keep what finished, end failed."""
         message = f"Pool {pool} was deleted while the batch ran; its requests that had not run fail"
         transition(step, batch, Phase.FINALIZING, now, "PoolDeleted", message)
-        set_condition(step, batch, "PoolDeleted", True, "PoolDeleted", message, now)
+        gone = BatchConditionType.POOL_DELETED
+        set_condition(step, batch, gone, True, BatchEndReason.POOL_DELETED, message, now)
         step.events[-1] = ("Warning", "PoolDeleted", message)
 
     async def _fold_progress(

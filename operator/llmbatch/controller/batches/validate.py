@@ -13,6 +13,7 @@ import orjson
 from llmbatch.api.resources import (
     CREDIT_ACCOUNT_NAME,
     BatchBilling,
+    BatchEndReason,
     BatchPoolSpec,
     BatchSpec,
     Phase,
@@ -75,7 +76,7 @@ def fail(
         batch,
         Phase.FAILED,
         now,
-        "ValidationFailed",
+        BatchEndReason.VALIDATION_FAILED,
         f"{len(errors)} validation error(s); first: {first.message}{where}",
     )
 
