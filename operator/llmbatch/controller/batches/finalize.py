@@ -156,8 +156,7 @@ class Finalization(PhaseDeps):
         if merged.completed + failed != total:
             log.error("batch %s: %d + %d != %d", batch.name, merged.completed, failed, total)
         self._end(batch, step, merged, now, f"{merged.completed} completed, {failed} failed")
-        metrics.REQUESTS.labels("completed").inc(merged.completed)
-        metrics.REQUESTS.labels("failed").inc(merged.failed)
+        metrics.count_finished_requests(merged.completed, merged.failed)
         metrics.TOKENS.labels("input").inc(merged.input_tokens)
         metrics.TOKENS.labels("output").inc(merged.output_tokens)
 
