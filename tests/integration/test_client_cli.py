@@ -366,3 +366,61 @@ def test_the_progress_bar_in_a_terminal_and_ctrl_c_leaves_the_batch_running(
     assert second.finish(timeout=180) == 0, second.text()
     assert "12/12 done, 0 failed" in second.text()
     assert f"{batch_id} completed" in second.text()
+
+
+# --- the README, as written -----------------------------------------------------------------
+
+
+def test_the_readmes_commands_run_as_written(
+    tenant: Tenant, cluster: ClusterCLI, tmp_path: pathlib.Path
+) -> None:
+    """README.md's request file, SDK example, CLI and kubectl blocks, in order, in one bash
+    session against the local stack. Only what must differ here is substituted (each must
+    match): the demo stack's env file, its model and its tenant namespace."""
+    from tests.integration.test_docs import README, ROOT, blocks
+
+    env_file = tmp_path / "demo.env"
+    env_file.write_text(
+        "".join(
+            f"export {name}={tenant.env[name]}\n"
+            for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "KUBECONFIG")
+        )
+    )
+    substitutions = {
+        "source .devcluster/demo.env": f"source {env_file}",
+        "smollm2": tenant.model,
+        "namespace: demo": f"namespace: {tenant.namespace}",
+        "-n demo": f"-n {tenant.namespace}",
+    }
+    used: set[str] = set()
+    script = ["set -euo pipefail"]
+    for block in blocks(README):
+        if block.kind not in ("run", "file") or "helm install" in block.text:
+            continue  # the install block: test_docs.py renders it
+        text = block.text
+        for old, new in substitutions.items():
+            if old in text:
+                text = text.replace(old, new)
+                used.add(old)
+        if block.kind == "file":
+            (tmp_path / block.file_name).write_text(text)
+        else:
+            script.append(f'echo "### doc-test: {block.where}"\n{text}')
+    assert used == set(substitutions), f"unused: {set(substitutions) - used}"
+    path = f"{ROOT / '.cache' / 'bin'}:{ROOT / '.venv' / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+    run = subprocess.run(
+        ["bash", "-c", "\n".join(script)],
+        cwd=tmp_path,
+        env={"PATH": path, "HOME": str(tmp_path), "LANG": "C.UTF-8"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-8000:]
+    # The SDK example printed the output file; the CLI and the kubectl batch wrote theirs.
+    assert '"custom_id": "ticket-1"' in run.stdout or '"custom_id":"ticket-1"' in run.stdout
+    written = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert "batch_tickets_output.jsonl" in written, written
+    assert len([name for name in written if name.endswith("_output.jsonl")]) == 2, written
