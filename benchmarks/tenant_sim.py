@@ -1,4 +1,4 @@
-"""Tenants in the scheduler simulation (#33): a day of standard batches from 50 tenants, one of
+"""Tenants in the scheduler simulation: a day of standard batches from 50 tenants, one of
 them submitting 80 % of the batches, through the real order (``core.scheduling`` with shares,
 ``core.fairshare`` decay) and autoscaler, beside today's per-batch round-robin on the same trace.
 

@@ -28,9 +28,8 @@ from typing import Any
 
 import pytest
 
-from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
 from tests.fixtures.cluster import kubectl
-from tests.fixtures.gateway import GatewayProcess, wait_for_key
+from tests.fixtures.gateway import GatewayProcess, keyed_namespace
 from tests.fixtures.operator import ClusterCLI, simulated_pool
 from tests.integration.test_operator import wait_for
 
@@ -66,14 +65,7 @@ def tenant(cluster: ClusterCLI, gateway: GatewayProcess) -> Iterator[Tenant]:
         pool = simulated_pool(f"pool-{model}", model, executor={"engineArgs": engine_args[kind]})
         gateway.kubectl("apply", "-f", "-", obj=pool)
         pools.append(pool["metadata"]["name"])
-    gateway.kubectl("create", "namespace", namespace)
-    key = new_api_key()
-    scopes = ["inference:write", "inference:read"]
-    secret = key_secret(
-        f"key-{namespace}", hash_key(key), namespace, scopes, gateway.gateway_namespace
-    )
-    gateway.kubectl("apply", "-f", "-", obj=secret)
-    wait_for_key(gateway.base_url, key, accepted=True)
+    key = keyed_namespace(gateway, namespace)
     env = {
         **os.environ,
         "OPENAI_BASE_URL": gateway.base_url + "/v1",
@@ -179,12 +171,7 @@ def test_cancel_then_watch_exits_with_the_cancelled_code(
     tenant: Tenant, tmp_path: pathlib.Path
 ) -> None:
     ids = [f"slow-{i}" for i in range(40)]
-    source = requests_file(tmp_path / "requests.jsonl", tenant.slow_model, ids)
-    created = llmbatch(tenant, "batches", "submit", str(source), cwd=tmp_path)
-    assert created.returncode == 0, created.stderr
-    batch_id = json.loads(created.stdout)["id"]
-
-    wait_for(lambda: _status(tenant, tmp_path, batch_id) == "in_progress", 120, "in progress")
+    batch_id = submit_running(tenant, tmp_path, tenant.slow_model, ids)
     cancelled = llmbatch(tenant, "batches", "cancel", batch_id, cwd=tmp_path)
     assert cancelled.returncode == 0, cancelled.stderr
     assert json.loads(cancelled.stdout)["status"] in {"cancelling", "cancelled"}
@@ -212,11 +199,7 @@ def test_a_failed_batch_exits_with_the_failed_code(
     """A batch whose pool is deleted under it fails (the other requests become pool_deleted
     lines): watch and results exit 3."""
     ids = [f"doomed-{i}" for i in range(20)]
-    source = requests_file(tmp_path / "requests.jsonl", tenant.doomed_model, ids)
-    created = llmbatch(tenant, "batches", "submit", str(source), cwd=tmp_path)
-    assert created.returncode == 0, created.stderr
-    batch_id = json.loads(created.stdout)["id"]
-    wait_for(lambda: _status(tenant, tmp_path, batch_id) == "in_progress", 120, "in progress")
+    batch_id = submit_running(tenant, tmp_path, tenant.doomed_model, ids)
     pool = f"pool-{tenant.doomed_model}"
     cluster.kubectl("delete", "batchpool", pool, "--wait=false")
     watched = llmbatch(tenant, "batches", "watch", batch_id, "--interval", "0.5", cwd=tmp_path)
@@ -237,6 +220,16 @@ def test_a_failed_batch_exits_with_the_failed_code(
         ("Stalled", "True", "PoolDeleted"),
     }
     assert "Complete" not in {c["type"] for c in conditions}
+
+
+def submit_running(tenant: Tenant, cwd: pathlib.Path, model: str, ids: list[str]) -> str:
+    """``submit`` without waiting, then ``get`` until the batch runs; its id."""
+    source = requests_file(cwd / "requests.jsonl", model, ids)
+    created = llmbatch(tenant, "batches", "submit", str(source), cwd=cwd)
+    assert created.returncode == 0, created.stderr
+    batch_id = str(json.loads(created.stdout)["id"])
+    wait_for(lambda: _status(tenant, cwd, batch_id) == "in_progress", 120, "in progress")
+    return batch_id
 
 
 def _status(tenant: Tenant, cwd: pathlib.Path, batch_id: str) -> str:

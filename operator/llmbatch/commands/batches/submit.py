@@ -11,7 +11,12 @@ import orjson
 
 from llmbatch.commands.batches.render import show_batch
 from llmbatch.commands.batches.session import Session, api_errors, session_options
-from llmbatch.commands.batches.track import finish, interval_option, wait_for_end
+from llmbatch.commands.batches.track import (
+    finish,
+    interval_option,
+    output_dir_option,
+    wait_for_end,
+)
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 
@@ -61,13 +66,7 @@ def parse_metadata(pairs: tuple[str, ...], priority: str) -> dict[str, str]:
     default=None,
     help="Retry-safe creation: the same key and file return the same batch.",
 )
-@click.option(
-    "--output-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="With --wait: where the output and error files go.",
-)
+@output_dir_option("With --wait")
 @interval_option
 @session_options
 def submit(

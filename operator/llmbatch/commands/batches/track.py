@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -44,6 +45,19 @@ def complete_batch_ids(ctx: click.Context, _: click.Parameter, prefix: str) -> l
 
 
 batch_argument = click.argument("batch", metavar="ID", shell_complete=complete_batch_ids)
+
+
+def output_dir_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--output-dir``: where the output and error files go (``what`` says when)."""
+    return click.option(
+        "--output-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("."),
+        show_default=True,
+        help=f"{what}: where <id>_output.jsonl and <id>_errors.jsonl go.",
+    )
+
+
 interval_option = click.option(
     "--interval",
     type=click.FloatRange(min=0.2),
@@ -92,13 +106,7 @@ def watch(session: Session, batch: str, interval: float) -> None:
 
 @click.command("results")
 @batch_argument
-@click.option(
-    "--output-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="Where to write <id>_output.jsonl and <id>_errors.jsonl.",
-)
+@output_dir_option("The directory")
 @click.option(
     "-n",
     "--namespace",

@@ -125,8 +125,8 @@ class Finalization(PhaseDeps):
     def _mark_cancelled(self, batch: BatchView, index: int) -> None:
         """The cancel mark beside a shard's results, before its take-back: the slot then lets
         the shard's requests in the engine finish (for the pool's ``cancelDrainSeconds``), where
-        any other take-back cuts them after the short drain (seed 002: "Cancel requested.
-        Running requests finish.")."""
+        any other take-back cuts them after the short drain: a cancel lets running requests
+        finish."""
         prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
         with contextlib.suppress(ObjectExists):
             self.store.put(keys.shard_cancel_key(prefix), b"{}", if_absent=True)

@@ -135,8 +135,8 @@ class ShardRuns(PhaseDeps):
         self, batch: BatchView, pool: BatchPoolSpec, shard: ShardStatus
     ) -> ShardLease | None:
         """The shard's lease; without one, its spec written for the pool scheduler to hand to a
-        slot (once). Store calls only, in one call to a store thread: under #30's burst each
-        call waited its turn on a busy event loop, three per shard of a batch just accepted."""
+        slot (once). Store calls only, in one call to a store thread: under a burst of new batches
+        each call waits its turn on a busy event loop, three per shard of a batch just accepted."""
         prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
         lease = read_lease(self.store, keys.shard_lease_key(prefix))
         if lease is None:
