@@ -369,7 +369,7 @@ def test_the_readmes_commands_run_as_written(
 ) -> None:
     """README.md's request file, SDK example, CLI and kubectl blocks, in order, in one bash
     session against the local stack. Only what must differ here is substituted (each must
-    match): the demo stack's env file, its model and its tenant namespace."""
+    match): the checkout's paths, the demo stack's env file, its model and its namespace."""
     from tests.integration.test_docs import README, ROOT, blocks
 
     env_file = tmp_path / "demo.env"
@@ -380,7 +380,9 @@ def test_the_readmes_commands_run_as_written(
         )
     )
     substitutions = {
+        "source .venv/bin/activate": f"source {ROOT / '.venv' / 'bin' / 'activate'}",
         "source .devcluster/demo.env": f"source {env_file}",
+        "$PWD/.cache/bin": str(ROOT / ".cache" / "bin"),
         "smollm2": tenant.model,
         "namespace: demo": f"namespace: {tenant.namespace}",
         "-n demo": f"-n {tenant.namespace}",
@@ -400,7 +402,7 @@ def test_the_readmes_commands_run_as_written(
         else:
             script.append(f'echo "### doc-test: {block.where}"\n{text}')
     assert used == set(substitutions), f"unused: {set(substitutions) - used}"
-    path = f"{ROOT / '.cache' / 'bin'}:{ROOT / '.venv' / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+    path = "/usr/local/bin:/usr/bin:/bin"  # the README's own lines put the rest on it
     run = subprocess.run(
         ["bash", "-c", "\n".join(script)],
         cwd=tmp_path,
