@@ -1,4 +1,4 @@
-"""Tenants in the scheduler simulation (#33): a day of standard batches from 50 tenants, one of
+"""Tenants in the scheduler simulation: a day of standard batches from 50 tenants, one of
 them submitting 80 % of the batches, through the real order (``core.scheduling`` with shares,
 ``core.fairshare`` decay) and autoscaler, beside today's per-batch round-robin on the same trace.
 
@@ -7,7 +7,7 @@ weighted fair scheduler (GPS, :class:`FluidReference`) gives it on the same arri
 same seat-seconds — a tenant's fair share of the day is its weight's share of the seats, or
 all it asked for when that is less — and the furthest it fell behind that reference at any
 minute, in shards. Beside it, the earlier measure: at every tick, the weighted max-min split of
-the seats in use among the tenants with work in our own schedule (docs/pools.md says why that
+the seats in use among the tenants with work in our own schedule (docs/scheduling.md says why that
 one cannot be met without taking seats back). Also the first-grant wait p95 of a light
 tenant's first batch (one that arrives while its tenant has no other work), and slot-hours.
 Imported by ``scheduler_sim.py``.
@@ -423,6 +423,6 @@ def tenant_report(seeds: int, max_slots: int, batches_per_hour: float) -> None:
         f"it serves >= {MIN_ENTITLED / 3600:.0f} seat-hour; 'lag': the furthest a light tenant "
         "and the heavy t0 fell behind that reference at any minute, in shards; 'per-minute "
         "split': against the weighted max-min split of the seats in use among the tenants with "
-        f"work in our own schedule, every minute (docs/pools.md); '{kept}': preemption "
+        f"work in our own schedule, every minute (docs/scheduling.md); '{kept}': preemption "
         f"BelowGuarantee, {GUARANTEE} seats guaranteed to each light tenant"
     )

@@ -33,7 +33,8 @@ COMPONENTS: tuple[tuple[str, ModuleType], ...] = (
     ("gateway", gateway_metrics),
 )
 #: Label names a metric may carry: each has a small, bounded set of values (tenant only when
-#: LLMBATCH_NAMESPACES bounds it). Never a batch id, file id or custom_id.
+#: LLMBATCH_NAMESPACES bounds it; version and revision: one value, the running build's). Never
+#: a batch id, file id or custom_id.
 ALLOWED_LABELS = frozenset(
     {
         "pool",
@@ -49,6 +50,8 @@ ALLOWED_LABELS = frozenset(
         "purpose",
         "area",
         "tenant",
+        "version",
+        "revision",
     }
 )
 

@@ -228,7 +228,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
             (
                 "Requests of finished batches",
                 "short",
-                [("{{outcome}}", "sum by (outcome) (increase(llmbatch_requests_total[1h]))")],
+                [("{{outcome}}", "sum by (outcome) (increase(llmbatch_batch_requests_total[1h]))")],
                 "",
             ),
         ],

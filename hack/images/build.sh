@@ -58,13 +58,18 @@ fi
 uvconf=$(mktemp -d)
 trap 'rm -rf "$uvconf"' EXIT
 printf 'system-certs = true\n' >"$uvconf/uv.toml"
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+# The operator and gateway export it as their build-info metric's revision label.
+revision_arg=()
+case $name in operator | gateway) revision_arg=(--build-arg LLMBATCH_REVISION="$revision") ;; esac
 start=$(date +%s)
 "${podman[@]}" build --quiet --pull=never --file "images/$name/Dockerfile" \
     --build-arg PYTHON_IMAGE="$base_ref" \
     --build-arg LLMBATCH_VERSION="$version" \
     --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
     --volume "$uvconf:/etc/uv:ro" \
-    --label org.opencontainers.image.revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
+    "${revision_arg[@]}" \
+    --label org.opencontainers.image.revision="$revision" \
     --tag "$ref" "$@" . >/dev/null
 built=$(($(date +%s) - start))
 

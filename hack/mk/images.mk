@@ -79,6 +79,8 @@ $(IMAGES_DIR)/%/index.json: images/%/Dockerfile $(IMAGE_BASE_TAR) $(IMAGE_SRCS) 
 # The CPU executor's ~3.5 GB of wheels come from the uv cache `make vllm` filled (so a cold run
 # downloads them once), bound in for the build only.
 IMAGE_UV_CACHE = $(shell $(UV) cache dir 2>/dev/null)
+# The source revision the operator and gateway images report (llmbatch_build_info).
+IMAGE_REVISION := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 IMAGE_CPU_ARGS = --build-arg UV_VERSION=$(UV_VERSION) \
 	$(if $(IMAGE_UV_CACHE),--build-arg UV_NO_CACHE=0 --volume $(IMAGE_UV_CACHE):/root/.cache/uv)
 $(IMAGES_DIR)/executor-cpu/index.json: hack/requirements-vllm.txt | $(VENV)/.stamp-vllm
@@ -112,6 +114,7 @@ docker-check:
 $(addprefix image-,$(IMAGE_NAMES)): image-%: docker-check
 	$(DOCKER) build --file images/$*/Dockerfile \
 	  --build-arg LLMBATCH_VERSION=$(PROJECT_VERSION) \
+	  $(if $(filter operator gateway,$*),--build-arg LLMBATCH_REVISION=$(IMAGE_REVISION)) \
 	  $(if $(filter executor,$*),--build-arg VLLM_VERSION=$(IMAGE_VLLM_VERSION)) \
 	  $(if $(filter executor-cpu,$*),--build-arg UV_VERSION=$(UV_VERSION)) \
 	  --tag $(call image_ref,$*) $(DOCKER_BUILD_ARGS) .

@@ -1,5 +1,6 @@
-"""``python -m llmbatch`` is the ``llmbatch`` command."""
+"""``python -m llmbatch`` is the ``llmbatch`` command (same name in usage lines and the shell
+completion variable, ``_LLMBATCH_COMPLETE``)."""
 
 from llmbatch.cli import main
 
-main()
+main(prog_name="llmbatch")

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from llmbatch.gateway.auth import hash_key, key_secret, new_api_key
-from tests.fixtures.gateway import GatewayProcess, gateway_on_operator_store, wait_for_key
+from tests.fixtures.gateway import GatewayProcess, gateway_on_operator_store, keyed_namespace
 from tests.fixtures.operator import ClusterCLI, OperatorProcess
 
 
@@ -36,13 +35,6 @@ def gateway(
 def tenant(gateway: GatewayProcess) -> Iterator[tuple[str, openai.OpenAI]]:
     """A tenant namespace with a key, and the official SDK's client on it."""
     namespace = f"sdk-{uuid.uuid4().hex[:8]}"
-    gateway.kubectl("create", "namespace", namespace)
-    key = new_api_key()
-    scopes = ["inference:write", "inference:read"]
-    secret = key_secret(
-        f"key-{namespace}", hash_key(key), namespace, scopes, gateway.gateway_namespace
-    )
-    gateway.kubectl("apply", "-f", "-", obj=secret)
-    wait_for_key(gateway.base_url, key, accepted=True)
+    key = keyed_namespace(gateway, namespace)
     yield namespace, openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=key, max_retries=0)
     gateway.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

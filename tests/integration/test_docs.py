@@ -58,7 +58,9 @@ MARKED_PAGES = (
     "security.md",
     "storage.md",
     "operations.md",
+    "cli.md",
 )
+README = ROOT / "README.md"
 KINDS = ("run", "file", "values", "text", "skip")
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _MARKER = re.compile(r"^<!--\s*doc-test:\s*(\w+)\s*(.*?)\s*-->\s*$")
@@ -81,7 +83,7 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"docs/{self.page}:{self.line}"
+        return f"{self.page}:{self.line}"
 
     @property
     def file_name(self) -> str:
@@ -109,7 +111,7 @@ def blocks(page: pathlib.Path) -> list[Block]:
         marker = _MARKER.match(lines[start - 1]) if start else None
         found.append(
             Block(
-                page=page.name,
+                page=str(page.relative_to(ROOT)),
                 line=start + 1,
                 lang=fence[1],
                 kind=marker[1] if marker else None,
@@ -121,25 +123,61 @@ def blocks(page: pathlib.Path) -> list[Block]:
     return found
 
 
-def test_every_block_of_the_runnable_pages_is_marked() -> None:
+def marking_problems(page: pathlib.Path) -> list[str]:
+    """What is wrong with the doc-test markers of ``page``'s blocks."""
+    if not page.exists():
+        return [f"{page.name}: missing"]
     problems = []
-    for name in MARKED_PAGES:
-        page = DOCS / name
-        if not page.exists():
-            problems.append(f"docs/{name}: missing")
-            continue
-        for block in blocks(page):
-            if block.kind is None:
-                problems.append(f"{block.where}: unmarked ```{block.lang} block")
-            elif block.kind not in KINDS:
-                problems.append(f"{block.where}: unknown marker {block.kind!r}")
-            elif block.kind == "skip" and not re.fullmatch(r"\(.+\)", block.reason):
-                problems.append(f"{block.where}: `skip` needs a reason in parentheses")
-            elif block.kind == "run" and block.lang not in ("bash", "sh"):
-                problems.append(f"{block.where}: `run` is for bash blocks")
-            elif block.kind == "file":
-                block.file_name  # noqa: B018  (raises when the name line is missing)
+    for block in blocks(page):
+        if block.kind is None:
+            problems.append(f"{block.where}: unmarked ```{block.lang} block")
+        elif block.kind not in KINDS:
+            problems.append(f"{block.where}: unknown marker {block.kind!r}")
+        elif block.kind == "skip" and not re.fullmatch(r"\(.+\)", block.reason):
+            problems.append(f"{block.where}: `skip` needs a reason in parentheses")
+        elif block.kind == "run" and block.lang not in ("bash", "sh"):
+            problems.append(f"{block.where}: `run` is for bash blocks")
+        elif block.kind == "file":
+            block.file_name  # noqa: B018  (raises when the name line is missing)
+    return problems
+
+
+def test_every_block_of_the_runnable_pages_is_marked() -> None:
+    problems = [p for name in MARKED_PAGES for p in marking_problems(DOCS / name)]
     assert not problems, "\n".join(problems)
+
+
+def test_every_block_of_the_readme_is_marked() -> None:
+    """README.md's commands run too: its install block here, the rest against the local stack
+    (tests/integration/test_client_cli.py)."""
+    problems = marking_problems(README)
+    assert not problems, "\n".join(problems)
+    kinds = {block.kind for block in blocks(README)}
+    assert {"run", "file"} <= kinds, kinds
+
+
+def test_the_readme_install_renders_with_its_three_values(tmp_path: pathlib.Path) -> None:
+    """The README's ``helm install`` with exactly the values it names renders (``helm
+    template``: the same chart checks, no cluster)."""
+    helm_binary()
+    (block,) = [b for b in blocks(README) if b.kind == "run" and "helm install" in b.text]
+    script = block.text.replace("helm install", "helm template", 1)
+    assert script.count("--set ") == 3, block.text
+    env = {**os.environ, "PATH": f"{ROOT / '.cache' / 'bin'}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"{README.name}:{block.line}: {result.stderr}"
+    rendered = list(yaml.safe_load_all(result.stdout))
+    deployments = {d["metadata"]["name"] for d in rendered if d and d["kind"] == "Deployment"}
+    assert deployments == {"llm-batch-operator-operator", "llm-batch-operator-gateway"}
+    assert "registry.example.com/llmbatch/" in result.stdout
 
 
 def test_readme_links_the_platform_pages() -> None:

@@ -12,6 +12,7 @@ from typing import Any, get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from llmbatch.api.openai import BatchStatus
+from llmbatch.buildinfo import build_labels
 from llmbatch.core.tiers import TIERS
 from llmbatch.storage import ObjectStore
 from llmbatch.storage.instrumented import InstrumentedStore
@@ -30,9 +31,23 @@ BATCH_TRANSITIONS = Counter(
     ["status"],
     registry=REGISTRY,
 )
-REQUESTS = Counter(
+BUILD_INFO = Gauge(
+    "llmbatch_build_info",
+    "Always 1: the operator's package version and the source revision it was built from.",
+    ["version", "revision"],
+    registry=REGISTRY,
+)
+BATCH_REQUESTS = Counter(
+    "llmbatch_batch_requests_total",
+    "Requests of finished batches, by outcome (completed or failed): the lines of their output "
+    "and error files.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+REQUESTS_DEPRECATED = Counter(
     "llmbatch_requests_total",
-    "Requests of finished batches, by outcome (completed or failed).",
+    "DEPRECATED, removed in the next release: use llmbatch_batch_requests_total (the same "
+    "count, renamed so it is not taken for the gateway's HTTP requests).",
     ["outcome"],
     registry=REGISTRY,
 )
@@ -480,7 +495,8 @@ for _tier in TIERS:
     for _status in sorted(_TERMINAL):
         BATCH_DURATION.labels(_tier, _status)
 for _outcome in ("completed", "failed"):
-    REQUESTS.labels(_outcome)
+    BATCH_REQUESTS.labels(_outcome)
+    REQUESTS_DEPRECATED.labels(_outcome)
 for _direction in ("input", "output"):
     TOKENS.labels(_direction)
 for _outcome in WEBHOOK_OUTCOMES:
@@ -555,7 +571,15 @@ def forget_pool(name: str) -> None:
                 tiered.remove(name, tier)
 
 
+def count_finished_requests(completed: int, failed: int) -> None:
+    """Count a finished batch's requests by outcome (under the new name and the deprecated)."""
+    for outcome, requests in (("completed", completed), ("failed", failed)):
+        BATCH_REQUESTS.labels(outcome).inc(requests)
+        REQUESTS_DEPRECATED.labels(outcome).inc(requests)
+
+
 def serve(port: int) -> None:
-    """Expose /metrics on ``port`` (0: do nothing)."""
+    """Record the build and expose /metrics on ``port`` (0: no listener)."""
+    BUILD_INFO.labels(**build_labels()).set(1)
     if port:
         start_http_server(port, registry=REGISTRY)

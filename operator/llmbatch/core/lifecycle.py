@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from llmbatch.api.resources import BatchConditionType
 from llmbatch.core.ids import batch_request_id
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -82,13 +83,41 @@ def set_condition(
             return result
     result.append(
         {
-            "type": type_,
+            "type": str(type_),
             "status": value,
             "reason": reason,
             "message": message[:32768],
             "lastTransitionTime": rfc3339(now),
         }
     )
+    return result
+
+
+#: Condition types older releases set on a Batch and a step removes (``Ready`` was True on every
+#: terminal phase, failed ones too, which misled ``kubectl wait`` and kstatus).
+RETIRED_CONDITIONS = frozenset({"Ready"})
+
+
+def phase_conditions(
+    conditions: list[dict[str, Any]] | None,
+    phase: str,
+    reason: str,
+    message: str,
+    now: float,
+) -> list[dict[str, Any]]:
+    """A copy of a batch's ``conditions`` as they are once it enters ``phase``.
+
+    Active phases: ``Reconciling=True``. Completed: ``Reconciling=False``, ``Complete=True``.
+    Failed, expired, cancelled: ``Reconciling=False``, ``Failed=True``, ``Stalled=True``. The
+    reason and message are the transition's; other conditions are kept, retired ones dropped."""
+    kept = [c for c in conditions or [] if c.get("type") not in RETIRED_CONDITIONS]
+    ended = phase in TERMINAL
+    result = set_condition(kept, BatchConditionType.RECONCILING, not ended, reason, message, now)
+    if phase == "completed":
+        return set_condition(result, BatchConditionType.COMPLETE, True, reason, message, now)
+    if ended:
+        result = set_condition(result, BatchConditionType.FAILED, True, reason, message, now)
+        result = set_condition(result, BatchConditionType.STALLED, True, reason, message, now)
     return result
 
 

@@ -15,11 +15,18 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llmbatch.buildinfo import build_labels
 from llmbatch.storage import ObjectStore
 from llmbatch.storage.instrumented import InstrumentedStore
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
+BUILD_INFO = Gauge(
+    "llmbatch_gateway_build_info",
+    "Always 1: the gateway's package version and the source revision it was built from.",
+    ["version", "revision"],
+    registry=REGISTRY,
+)
 REQUESTS = Counter(
     "llmbatch_gateway_requests_total",
     "HTTP requests answered, by route template, method and status code.",
@@ -91,11 +98,13 @@ def instrument_store(store: ObjectStore) -> ObjectStore:
 
 @contextlib.contextmanager
 def serving(port: int, host: str) -> Iterator[int | None]:
-    """Serve the registry on ``host:port`` while the block runs (port 0: serve none).
+    """Record the build and serve the registry on ``host:port`` while the block runs (port 0:
+    serve none).
 
     Yields the bound port. A port already taken raises (OSError): the gateway does not start
     without the metrics it was told to serve.
     """
+    BUILD_INFO.labels(**build_labels()).set(1)
     if not port:
         yield None
         return

@@ -27,6 +27,8 @@ from llmbatch.api.resources.base import (
 from llmbatch.api.resources.batch import (
     BATCH_FINALIZER,
     BatchBilling,
+    BatchConditionType,
+    BatchEndReason,
     BatchPhase,
     BatchSpec,
     BatchStatus,
@@ -108,6 +110,8 @@ __all__ = [
     "VERSION",
     "Affinity",
     "BatchBilling",
+    "BatchConditionType",
+    "BatchEndReason",
     "BatchFileSpec",
     "BatchFileStatus",
     "BatchPhase",

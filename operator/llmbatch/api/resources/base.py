@@ -33,7 +33,7 @@ class Condition(CRModel):
     """A standard Kubernetes condition."""
 
     type: Label
-    """Condition type, e.g. Validated, Running, Finalized, Ready."""
+    """Condition type (CamelCase); each kind's ``conditions`` field says which it sets."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, StringConstraints(max_length=1024)] = ""

@@ -42,6 +42,49 @@ class Phase(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class BatchConditionType(enum.StrEnum):
+    """The condition types the operator sets on a Batch (``status.conditions``).
+
+    ``Complete`` and ``Failed`` are the Job controller's: ``kubectl wait
+    --for=condition=Complete`` returns when a batch completed, ``--for=condition=Failed`` when it
+    failed, expired or was cancelled. ``Reconciling`` and ``Stalled`` are the kstatus conditions
+    that Flux, Argo CD and ``kpt`` read: a running batch is in progress, a failed one failed, a
+    completed one current."""
+
+    RECONCILING = "Reconciling"
+    """True while the batch is validating, in progress, finalizing or cancelling; False once it
+    ended."""
+    COMPLETE = "Complete"
+    """True once the batch completed (its requests ran; some may have failed)."""
+    FAILED = "Failed"
+    """True once the batch failed, expired or was cancelled; the reason says which."""
+    STALLED = "Stalled"
+    """True with ``Failed``, with the same reason (kstatus: the batch will not complete)."""
+    EXPIRED = "Expired"
+    """True from when the completion window passed with requests not yet run (the batch then
+    finalizes and ends expired)."""
+    POOL_DELETED = "PoolDeleted"
+    """True when the batch's BatchPool was deleted while it ran (the batch then ends failed)."""
+    WEBHOOKS_DELIVERED = "WebhooksDelivered"
+    """After the end, when the tenant has BatchWebhooks: whether every endpoint got the event."""
+
+
+class BatchEndReason(enum.StrEnum):
+    """Why a batch ended: the reason of its ``Complete`` or ``Failed`` condition."""
+
+    COMPLETED = "Completed"
+    """Every request ran (the error file holds those the model answered with an error)."""
+    VALIDATION_FAILED = "ValidationFailed"
+    """The input was refused before anything ran (``status.errors`` says why)."""
+    EXPIRED = "Expired"
+    """The completion window passed; requests that did not run are ``batch_expired`` lines."""
+    CANCELLED = "Cancelled"
+    """A cancel was asked for; requests that did not run are ``batch_cancelled`` lines."""
+    POOL_DELETED = "PoolDeleted"
+    """The batch's pool was deleted while it ran; requests that did not run are
+    ``pool_deleted`` lines."""
+
+
 BatchPhase = Literal[
     "validating",
     "failed",
@@ -323,8 +366,16 @@ class BatchStatus(CRModel):
     billing: BatchBilling | None = None
     """Credit reservation and charge of the batch."""
     conditions: Conditions | None = None
-    """Lifecycle conditions."""
+    """Lifecycle conditions. While the batch runs: ``Reconciling=True`` (reason: the last step,
+    e.g. Accepted, Validated, ShardsFinished, CancelRequested). When it ends:
+    ``Reconciling=False`` and, on completed, ``Complete=True`` (reason Completed); on failed,
+    expired or cancelled, ``Failed=True`` and ``Stalled=True`` (reason ValidationFailed,
+    PoolDeleted, Expired or Cancelled). ``Expired=True`` marks a window that passed while
+    requests ran, ``PoolDeleted=True`` a pool deleted under the batch, ``WebhooksDelivered`` the
+    delivery of the end's webhook events. There is no ``Ready`` condition: wait with ``kubectl
+    wait --for=condition=Complete``."""
     observed_generation: int | None = None
-    """The metadata.generation last acted on."""
+    """The metadata.generation last acted on (kstatus: the status is current when it equals
+    metadata.generation)."""
     work_removed_at: int | None = None
     """Unix seconds: retention removed the work area (shard specs, chunks, progress)."""

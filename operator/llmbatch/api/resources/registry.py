@@ -44,7 +44,9 @@ RESOURCES: tuple[ResourceKind, ...] = (
         spec=BatchSpec,
         status=BatchStatus,
         description=(
-            "An OpenAI-compatible batch of inference requests; its namespace is the tenant."
+            "An OpenAI-compatible batch of inference requests; its namespace is the tenant. "
+            "When it ends, the condition Complete is True (status completed) or Failed is True "
+            "(failed, expired or cancelled; the reason says which)."
         ),
         printer_columns=[
             {"name": "Status", "type": "string", "jsonPath": ".status.status"},
@@ -52,6 +54,7 @@ RESOURCES: tuple[ResourceKind, ...] = (
             {"name": "Failed", "type": "integer", "jsonPath": ".status.requestCounts.failed"},
             {"name": "Total", "type": "integer", "jsonPath": ".status.requestCounts.total"},
             {"name": "Priority", "type": "string", "jsonPath": ".spec.priority"},
+            {"name": "Pool", "type": "string", "jsonPath": ".status.pool"},
             {"name": "Model", "type": "string", "jsonPath": ".status.model", "priority": "1"},
             {"name": "Cost", "type": "string", "jsonPath": ".status.cost", "priority": "1"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -15,6 +15,8 @@ from typing import Any
 from llmbatch.api import labels
 from llmbatch.api.resources import (
     API_VERSION,
+    BatchConditionType,
+    BatchEndReason,
     BatchPoolSpec,
     Phase,
     RequestCounts,
@@ -124,8 +126,8 @@ class Finalization(PhaseDeps):
     def _mark_cancelled(self, batch: BatchView, index: int) -> None:
         """The cancel mark beside a shard's results, before its take-back: the slot then lets
         the shard's requests in the engine finish (for the pool's ``cancelDrainSeconds``), where
-        any other take-back cuts them after the short drain (seed 002: "Cancel requested.
-        Running requests finish.")."""
+        any other take-back cuts them after the short drain: a cancel lets running requests
+        finish."""
         prefix = keys.shard_prefix(batch.namespace, batch.uid, index)
         with contextlib.suppress(ObjectExists):
             self.store.put(keys.shard_cancel_key(prefix), b"{}", if_absent=True)
@@ -155,8 +157,7 @@ class Finalization(PhaseDeps):
         if merged.completed + failed != total:
             log.error("batch %s: %d + %d != %d", batch.name, merged.completed, failed, total)
         self._end(batch, step, merged, now, f"{merged.completed} completed, {failed} failed")
-        metrics.REQUESTS.labels("completed").inc(merged.completed)
-        metrics.REQUESTS.labels("failed").inc(merged.failed)
+        metrics.count_finished_requests(merged.completed, merged.failed)
         metrics.TOKENS.labels("input").inc(merged.input_tokens)
         metrics.TOKENS.labels("output").inc(merged.output_tokens)
 
@@ -164,9 +165,9 @@ class Finalization(PhaseDeps):
         """(code, reason) of the error lines of a shard's requests that have no result."""
         if batch.status.status == Phase.CANCELLING:
             return "batch_cancelled", ""
-        if batch.has_condition("Expired"):
+        if batch.has_condition(BatchConditionType.EXPIRED):
             return "batch_expired", ""
-        if batch.has_condition("PoolDeleted"):
+        if batch.has_condition(BatchConditionType.POOL_DELETED):
             return "pool_deleted", f"pool {batch.status.pool} was deleted before this request ran"
         return "shard_failed", (shard.message if shard else None) or "the shard did not finish"
 
@@ -253,14 +254,14 @@ class Finalization(PhaseDeps):
         self, batch: BatchView, step: Step, merged: MergedResults, now: float, counts: str
     ) -> None:
         total = (batch.status.request_counts or RequestCounts()).total
-        final = Phase.COMPLETED
+        final, reason = Phase.COMPLETED, BatchEndReason.COMPLETED
         errors = []
         if batch.status.status == Phase.CANCELLING:
-            final = Phase.CANCELLED
-        elif batch.has_condition("Expired"):
-            final = Phase.EXPIRED
-        elif batch.has_condition("PoolDeleted"):
-            final = Phase.FAILED
+            final, reason = Phase.CANCELLED, BatchEndReason.CANCELLED
+        elif batch.has_condition(BatchConditionType.EXPIRED):
+            final, reason = Phase.EXPIRED, BatchEndReason.EXPIRED
+        elif batch.has_condition(BatchConditionType.POOL_DELETED):
+            final, reason = Phase.FAILED, BatchEndReason.POOL_DELETED
             errors.append(error("pool_deleted", f"Pool {batch.status.pool} was deleted."))
         if merged.input_missing:
             errors.append(error("input_file_deleted", merged.input_missing))
@@ -269,7 +270,7 @@ class Finalization(PhaseDeps):
             step.set(errors=errors)
         if batch.status.status != Phase.FINALIZING or not batch.status.finalizing_at:
             step.set(finalizing_at=int(now))
-        transition(step, batch, final, now, final.capitalize(), f"{counts} of {total}")
+        transition(step, batch, final, now, reason, f"{counts} of {total}")
 
 
 def recheck_seconds(batch: BatchView, now: float) -> float:

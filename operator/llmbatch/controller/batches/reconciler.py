@@ -14,7 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from llmbatch.api.resources import BatchBilling, BatchPoolSpec, Phase, RequestCounts
+from llmbatch.api.resources import (
+    BatchBilling,
+    BatchConditionType,
+    BatchEndReason,
+    BatchPoolSpec,
+    Phase,
+    RequestCounts,
+)
 from llmbatch.controller.archive import is_archived
 from llmbatch.controller.batches.finalize import Finalization
 from llmbatch.controller.batches.gputime import gpu_time_charge
@@ -23,6 +30,8 @@ from llmbatch.controller.batches.step import (
     TERMINAL,
     BatchView,
     Step,
+    enter_phase_conditions,
+    observe_generation,
     set_condition,
     transition,
 )
@@ -121,7 +130,10 @@ class BatchReconciler:
         if phase is None:
             self._initialise(batch, step, now)
         elif phase in TERMINAL:
-            pass  # Jobs were removed when the batch finished; the timer skips terminal batches
+            # Nothing runs any more (the timer skips terminal batches); a spec edited after the
+            # end (a late cancel) is only recorded as observed, so kstatus tools do not take the
+            # finished batch for one in progress.
+            observe_generation(step, batch)
         elif phase == Phase.VALIDATING:
             if batch.spec.cancel:
                 self._finish_without_running(batch, step, now, Phase.CANCELLED)
@@ -137,7 +149,8 @@ class BatchReconciler:
                 message = "Completion window passed: taking the shards back"
                 transition(step, batch, Phase.FINALIZING, now, "Expired", message)
                 message = "The completion window passed before every request ran."
-                set_condition(step, batch, "Expired", True, "WindowPassed", message, now)
+                expired_window = BatchConditionType.EXPIRED
+                set_condition(step, batch, expired_window, True, "WindowPassed", message, now)
             else:
                 await self.runs.run(batch, step, now)
         elif phase in (Phase.CANCELLING, Phase.FINALIZING):
@@ -155,8 +168,8 @@ class BatchReconciler:
         )
         if batch.spec.model:
             step.set(model=batch.spec.model)
-        set_condition(step, batch, "Ready", False, "Validating", "Validating the input", now)
         message = f"Batch {batch_id_from_name(batch.name)} accepted; validating"
+        enter_phase_conditions(step, batch, Phase.VALIDATING, "Accepted", message, now)
         step.event("Accepted", message)
         step.transitions.append((Phase.VALIDATING, "Accepted", message))
 
@@ -167,7 +180,7 @@ class BatchReconciler:
             step.set(cancelling_at=int(now))
         total = (batch.status.request_counts or RequestCounts()).total
         step.set(request_counts=RequestCounts(total=total, completed=0, failed=total))
-        reason = phase.capitalize()
+        reason = BatchEndReason.CANCELLED if phase == Phase.CANCELLED else BatchEndReason.EXPIRED
         transition(step, batch, phase, now, reason, f"Batch {phase} before any request ran")
 
     # --- credit --------------------------------------------------------------------------------

@@ -9,7 +9,15 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from llmbatch.api.resources import BatchPoolSpec, Phase, RequestCounts, ShardStatus, Usage
+from llmbatch.api.resources import (
+    BatchConditionType,
+    BatchEndReason,
+    BatchPoolSpec,
+    Phase,
+    RequestCounts,
+    ShardStatus,
+    Usage,
+)
 from llmbatch.api.shard import EngineSpec, ModelRef, RequestRetries, ShardSpec
 from llmbatch.api.slot import ShardLease
 from llmbatch.controller.batches.deps import PhaseDeps
@@ -127,8 +135,8 @@ class ShardRuns(PhaseDeps):
         self, batch: BatchView, pool: BatchPoolSpec, shard: ShardStatus
     ) -> ShardLease | None:
         """The shard's lease; without one, its spec written for the pool scheduler to hand to a
-        slot (once). Store calls only, in one call to a store thread: under #30's burst each
-        call waited its turn on a busy event loop, three per shard of a batch just accepted."""
+        slot (once). Store calls only, in one call to a store thread: under a burst of new batches
+        each call waits its turn on a busy event loop, three per shard of a batch just accepted."""
         prefix = keys.shard_prefix(batch.namespace, batch.uid, shard.index)
         lease = read_lease(self.store, keys.shard_lease_key(prefix))
         if lease is None:
@@ -200,7 +208,8 @@ class ShardRuns(PhaseDeps):
         """The pool was deleted under a running batch: stop, keep what finished, end failed."""
         message = f"Pool {pool} was deleted while the batch ran; its requests that had not run fail"
         transition(step, batch, Phase.FINALIZING, now, "PoolDeleted", message)
-        set_condition(step, batch, "PoolDeleted", True, "PoolDeleted", message, now)
+        gone = BatchConditionType.POOL_DELETED
+        set_condition(step, batch, gone, True, BatchEndReason.POOL_DELETED, message, now)
         step.events[-1] = ("Warning", "PoolDeleted", message)
 
     async def _fold_progress(

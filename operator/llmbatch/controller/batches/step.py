@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmbatch.api.resources import (
+    BatchConditionType,
     BatchSpec,
     BatchStatus,
     Condition,
@@ -67,7 +68,7 @@ class BatchView:
         changed = {name: getattr(step.patch, name) for name in step.patch.model_fields_set}
         return replace(self, status=self.status.model_copy(update=changed))
 
-    def has_condition(self, kind: str) -> bool:
+    def has_condition(self, kind: BatchConditionType) -> bool:
         return any(c.type == kind and c.status == "True" for c in self.status.conditions or [])
 
 
@@ -154,39 +155,58 @@ def errors_of(items: list[dict[str, Any]]) -> list[ValidationError]:
     return [error(str(e["code"]), str(e["message"]), e.get("param"), e.get("line")) for e in items]
 
 
-def with_condition(
-    conditions: list[Condition] | None,
-    kind: str,
+def _current_conditions(step: Step, batch: BatchView) -> list[dict[str, Any]]:
+    """The batch's conditions with what this step already changed, as plain dicts."""
+    current = step.patch.conditions if step.has("conditions") else batch.status.conditions
+    return [c.to_k8s() for c in current or []]
+
+
+def _set_conditions(step: Step, conditions: list[dict[str, Any]]) -> None:
+    step.set(conditions=[Condition.model_validate(c) for c in conditions])
+
+
+def set_condition(
+    step: Step,
+    batch: BatchView,
+    kind: BatchConditionType,
     status: bool,
     reason: str,
     message: str,
     now: float,
-) -> list[Condition]:
-    """``conditions`` with one set (its transition time moves only when its status flips)."""
-    plain = [c.to_k8s() for c in conditions or []]
-    changed = lifecycle.set_condition(plain, kind, status, reason, message, now)
-    return [Condition.model_validate(c) for c in changed]
-
-
-def set_condition(
-    step: Step, batch: BatchView, kind: str, status: bool, reason: str, message: str, now: float
 ) -> None:
-    """Set a condition on top of what this step already changed."""
-    current = step.patch.conditions if step.has("conditions") else batch.status.conditions
-    step.set(conditions=with_condition(current, kind, status, reason, message, now))
+    """Set a condition on top of what this step already changed (its transition time moves only
+    when its status flips)."""
+    plain = _current_conditions(step, batch)
+    _set_conditions(step, lifecycle.set_condition(plain, kind, status, reason, message, now))
+
+
+def enter_phase_conditions(
+    step: Step, batch: BatchView, phase: Phase, reason: str, message: str, now: float
+) -> None:
+    """The conditions of a batch entering ``phase`` (``core.lifecycle.phase_conditions``)."""
+    plain = _current_conditions(step, batch)
+    _set_conditions(step, lifecycle.phase_conditions(plain, phase, reason, message, now))
+    observe_generation(step, batch)
+
+
+def observe_generation(step: Step, batch: BatchView) -> None:
+    """Record the spec generation this step acted on, when it changed (a cancel): kstatus takes
+    an object whose ``observedGeneration`` lags ``metadata.generation`` for one in progress."""
+    if batch.generation is not None and batch.status.observed_generation != batch.generation:
+        step.set(observed_generation=batch.generation)
 
 
 def transition(
     step: Step, batch: BatchView, phase: Phase, now: float, reason: str, message: str
 ) -> None:
-    """Move the batch to ``phase``: its timestamp, the Ready condition, an Event, a metric. Only
-    the moves of ``core.lifecycle.PHASE_TRANSITIONS`` are allowed (terminal phases absorb)."""
+    """Move the batch to ``phase``: its timestamp, its conditions, an Event, a metric. Only the
+    moves of ``core.lifecycle.PHASE_TRANSITIONS`` are allowed (terminal phases absorb)."""
     before = step.phase if step.has("status") else batch.status.status
     lifecycle.check_transition(None if before is None else str(before), phase.value)
     step.set(status=phase)
     if phase in PHASE_STAMP:
         step.set(**{PHASE_STAMP[phase]: int(now)})
-    set_condition(step, batch, "Ready", phase in TERMINAL, reason, message, now)
+    enter_phase_conditions(step, batch, phase, reason, message, now)
     step.event(reason, message, warning=phase in (Phase.FAILED, Phase.EXPIRED))
     step.transitions.append((phase, reason, message))
 

@@ -13,6 +13,7 @@ import orjson
 from llmbatch.api.resources import (
     CREDIT_ACCOUNT_NAME,
     BatchBilling,
+    BatchEndReason,
     BatchPoolSpec,
     BatchSpec,
     Phase,
@@ -75,7 +76,7 @@ def fail(
         batch,
         Phase.FAILED,
         now,
-        "ValidationFailed",
+        BatchEndReason.VALIDATION_FAILED,
         f"{len(errors)} validation error(s); first: {first.message}{where}",
     )
 
@@ -212,7 +213,7 @@ class Validation:
             key = await self._input_key(batch)
             return key, await asyncio.to_thread(self._peek_model, key)
         # applied with kubectl: the requests are in the object; stored and peeked at in one
-        # call to a store thread (each call waits its turn on a busy loop: #30's burst)
+        # call to a store thread (under a burst each call waits its turn on a busy loop)
         key = keys.inline_input_key(batch.namespace, batch.uid)
         data = inline_file(requests).data
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from llmbatch.api.resources import API_VERSION, SecretKeyRef
+from llmbatch.api.resources import API_VERSION, BatchConditionType, SecretKeyRef
 from llmbatch.controller.kube import Kube
 from llmbatch.core import lifecycle
 from llmbatch.core.webhooks import (
@@ -31,7 +31,7 @@ from llmbatch.kube.status import update_status
 
 log = logging.getLogger(__name__)
 
-CONDITION = "WebhooksDelivered"
+CONDITION = BatchConditionType.WEBHOOKS_DELIVERED
 """The Batch condition that sums up its deliveries."""
 COMPONENT = "llmbatch-operator"
 
