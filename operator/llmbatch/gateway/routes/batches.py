@@ -97,6 +97,7 @@ async def create_batch(
         estimated_tokens=admitted.estimate.tokens,
         idempotency_label=label,
         now_ns=time.time_ns(),
+        credit_reserved=admitted.reserved,
     )
     return json_response(batch_to_openai(await _create(gw, manifest, admitted, request, label)))
 
