@@ -49,6 +49,7 @@ ALLOWED_LABELS = frozenset(
         "purpose",
         "area",
         "tenant",
+        "task",
     }
 )
 
