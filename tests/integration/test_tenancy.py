@@ -18,6 +18,7 @@ from typing import Any
 
 import openai
 import pytest
+import yaml
 
 from llmbatch.core import archive, keys
 from llmbatch.storage import FilesystemStore
@@ -414,3 +415,39 @@ def test_keys_revoke_deletes_only_an_api_keys_secret(
     finally:
         for name in (plain, labelled):
             gateway_process.kubectl("delete", "secret", name, "-n", gw_ns, check=False)
+
+
+def test_the_documented_tenant_role_shows_a_tenant_no_pool(
+    cluster: Any, operator_process: OperatorProcess
+) -> None:
+    """docs/security.md's tenant role, applied as written (the operator's fixture applied the
+    CRDs): a tenant creates batches in its own namespace and sees no BatchPool (a list would
+    show every tenant's private models and the pools' per-tenant usage; /v1/models shows it the
+    pools that serve it)."""
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    manifest = page.split("# tenant-rbac.yaml\n", 1)[1].split("```", 1)[0]
+    (role,) = [doc for doc in yaml.safe_load_all(manifest) if doc["kind"] == "ClusterRole"]
+    # Pools are cluster-scoped: a pool rule takes effect only bound cluster-wide, and then
+    # shows every pool. The role names none.
+    assert not [r for r in role["rules"] if "batchpools" in r["resources"]]
+    namespace = f"role-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", namespace)
+    path = pathlib.Path(cluster.kubeconfig).parent / f"{namespace}-rbac.yaml"
+    path.write_text(manifest.replace("namespace: team-a", f"namespace: {namespace}"))
+    try:
+        cluster.kubectl("apply", "-f", str(path))
+
+        def can(*args: str) -> str:
+            answer = cluster.kubectl(
+                "auth", "can-i", *args, "--as=dev", "--as-group=team-a-developers", check=False
+            )
+            return str(answer).strip().splitlines()[0]
+
+        assert can("create", "batches.llmbatch.io", "-n", namespace) == "yes"
+        assert can("list", "batchfiles.llmbatch.io", "-n", namespace) == "yes"
+        assert can("create", "batches.llmbatch.io", "-n", "default") == "no"
+        assert can("list", "batchpools.llmbatch.io") == "no"
+        assert can("get", "batchpools.llmbatch.io") == "no"
+    finally:
+        cluster.kubectl("delete", "-f", str(path), "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
