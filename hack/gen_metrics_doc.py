@@ -52,6 +52,7 @@ ALLOWED_LABELS = frozenset(
         "tenant",
         "version",
         "revision",
+        "task",
     }
 )
 

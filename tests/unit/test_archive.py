@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from llmbatch.core import archive, keys
+from llmbatch.core.identity import NamespaceIdentity, record_belongs
 from llmbatch.gateway.archive import BatchArchive
 from llmbatch.gateway.mapping import ANNOTATION_CREATED_NS, batch_to_openai
 from llmbatch.storage import FilesystemStore
@@ -58,7 +59,7 @@ def finished_batch() -> dict[str, Any]:
 
 def test_a_record_reads_as_the_same_openai_batch_and_keeps_nothing_the_operator_needs() -> None:
     obj = finished_batch()
-    record = archive.decode(archive.encode(archive.archive_record(obj, 1795960000)))
+    record = archive.decode(archive.encode(archive.archive_record(obj, 1795960000, "ns-uid")))
     assert batch_to_openai(record) == batch_to_openai(obj)  # what a client reads: unchanged
     assert archive.record_id(record) == ID
     meta = record["metadata"]
@@ -69,6 +70,7 @@ def test_a_record_reads_as_the_same_openai_batch_and_keeps_nothing_the_operator_
     }
     assert "requests" not in record["spec"]
     assert record["archivedAt"] == 1795960000
+    assert record["tenantUID"] == "ns-uid"  # the namespace it belongs to, by identity
     assert len(archive.encode(record)) < 2048
 
 
@@ -81,10 +83,14 @@ def test_anything_else_at_an_archive_key_is_not_a_record(data: bytes) -> None:
         archive.decode(data)
 
 
+TEAM_A = NamespaceIdentity(NS, "uid-a", created_at=1795950000)
+TEAM_B = NamespaceIdentity("team-b", "uid-b", created_at=1795950000)
+
+
 def test_the_gateway_reads_a_tenants_records_and_nothing_else(tmp_path: pathlib.Path) -> None:
     store = FilesystemStore(tmp_path / "store")
-    reader = BatchArchive(store)
-    record = archive.archive_record(finished_batch(), 1)
+    reader = BatchArchive(store, {NS: TEAM_A, "team-b": TEAM_B}.get)
+    record = archive.archive_record(finished_batch(), 1, TEAM_A.uid)
     store.put(keys.archive_key(NS, ID), archive.encode(record))
     # another tenant's key holding team-a's record (written by hand): never served as theirs
     store.put(keys.archive_key("team-b", ID), archive.encode(record))
@@ -98,5 +104,31 @@ def test_the_gateway_reads_a_tenants_records_and_nothing_else(tmp_path: pathlib.
     assert got["status"]["status"] == "completed"
     assert asyncio.run(reader.get("team-b", ID)) is None
     assert asyncio.run(reader.get(NS, "batch_missing")) is None
-    loaded = asyncio.run(reader.load())
+    loaded, failed = asyncio.run(reader.read_many(reader.keys()))
     assert sorted(r["metadata"]["name"] for r in loaded) == sorted(["batch-other", NAME])
+    assert failed == []
+
+
+def test_a_record_is_shown_only_to_the_namespace_it_was_archived_from(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A later namespace of the same name (another UID) sees none of the old records: bound
+    ones by their UID, ones archived before records carried it by their batch's creation."""
+    store = FilesystemStore(tmp_path / "store")
+    current = {NS: TEAM_A}
+    reader = BatchArchive(store, current.get)
+    bound = archive.archive_record(finished_batch(), 1, TEAM_A.uid)
+    legacy = archive.archive_record(finished_batch(), 1, TEAM_A.uid)
+    del legacy["tenantUID"]
+    legacy["metadata"]["name"] = "batch-legacy"
+    store.put(keys.archive_key(NS, ID), archive.encode(bound))
+    store.put(keys.archive_key(NS, "batch_legacy"), archive.encode(legacy))
+    assert asyncio.run(reader.get(NS, ID)) is not None
+    assert asyncio.run(reader.get(NS, "batch_legacy")) is not None  # created after team-a
+
+    current[NS] = NamespaceIdentity(NS, "uid-a2", created_at=1795960000)  # deleted, made again
+    assert asyncio.run(reader.get(NS, ID)) is None
+    assert asyncio.run(reader.get(NS, "batch_legacy")) is None  # created before the new one
+    del current[NS]  # deleted
+    assert asyncio.run(reader.get(NS, ID)) is None
+    assert not record_belongs(None, bound)

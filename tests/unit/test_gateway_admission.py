@@ -114,6 +114,8 @@ def test_a_model_name_too_long_for_the_batchfile_is_left_off(fake_gateway: FakeG
     BatchFileSpec.model_validate(spec)  # what the CRD schema checks
     assert create(fake_gateway, key, file_id).status_code == 200
     assert account_status(fake_gateway).get("reservations") is None
+    (batch,) = batches(fake_gateway)
+    assert "llmbatch.io/credit-reserved" not in batch["metadata"]["annotations"]
     # a name of exactly the limit is still recorded
     file_id = upload(fake_gateway, key, jsonl(rows(2, model="m" * 256)))
     assert fake_gateway.kube.objects[("batchfiles", NS, file_id)]["spec"]["model"] == "m" * 256
@@ -139,6 +141,8 @@ def test_creation_reserves_the_estimate_at_the_tier_price(fake_gateway: FakeGate
     (batch,) = batches(fake_gateway)
     annotations = batch["metadata"]["annotations"]
     assert annotations["llmbatch.io/estimated-tokens"] == str(input_tokens + 400)
+    # acceptance reads the account whatever a recent read found (the account may be newer)
+    assert annotations["llmbatch.io/credit-reserved"] == "true"
 
 
 def test_not_enough_credit_is_402_and_nothing_is_created(fake_gateway: FakeGateway) -> None:

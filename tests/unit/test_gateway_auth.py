@@ -10,6 +10,7 @@ from llmbatch.gateway.auth import (
     KeyRing,
     Principal,
     hash_key,
+    is_key_secret,
     key_secret,
     new_api_key,
     parse_scopes,
@@ -92,3 +93,29 @@ def test_keyring_replace_apply_and_revoke() -> None:
     # a modified secret that becomes malformed stops authenticating
     ring.apply("MODIFIED", {**s2, "data": {"sha256": base64.b64encode(b"zz").decode()}})
     assert ring.authenticate(k2) is None
+
+
+def test_a_key_secret_carries_its_namespaces_uid() -> None:
+    secret = key_secret("k", hash_key("x"), "team-a", ["inference:read"], "gw", "uid-1")
+    assert secret["stringData"]["namespaceUID"] == "uid-1"
+    _, principal = principal_of_secret(_as_stored(secret)) or ("", None)
+    assert principal is not None
+    assert principal.namespace_uid == "uid-1"
+    unbound = key_secret("k", hash_key("x"), "team-a", ["inference:read"], "gw")
+    assert "namespaceUID" not in unbound["stringData"]  # made before keys were bound
+    bad = {**secret, "stringData": {**secret["stringData"], "namespaceUID": "../x"}}
+    assert principal_of_secret(_as_stored(bad)) is None
+
+
+def test_only_an_api_keys_secret_counts_as_one() -> None:
+    """What ``llmbatch keys revoke`` deletes: nothing but a labelled Secret holding a key."""
+    good = _as_stored(key_secret("k", hash_key("x"), "team-a", ["inference:read"], "gw"))
+    assert is_key_secret(good)
+    unlabelled = {**good, "metadata": {**good["metadata"], "labels": {}}}
+    assert not is_key_secret(unlabelled)  # the same data without the label
+    tls = {
+        "metadata": {"name": "k", "labels": {"llmbatch.io/api-key": "true"}},
+        "type": "kubernetes.io/tls",
+        "data": {"tls.crt": "eA==", "tls.key": "eA=="},
+    }
+    assert not is_key_secret(tls)  # labelled, but no key in it

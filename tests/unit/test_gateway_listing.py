@@ -17,10 +17,18 @@ from typing import Any
 import pytest
 
 from llmbatch.core import archive, keys
+from llmbatch.core.identity import NamespaceIdentity
 from llmbatch.core.ids import batch_id_from_name
 from llmbatch.gateway import app as gateway_app
 from llmbatch.gateway.archive import BatchArchive
-from llmbatch.gateway.listcache import BATCHES, FILES, ListCache, batch_entry, file_entry
+from llmbatch.gateway.listcache import (
+    BATCHES,
+    FILES,
+    ListCache,
+    Listings,
+    batch_entry,
+    file_entry,
+)
 from llmbatch.gateway.mapping import ANNOTATION_CREATED_NS
 from llmbatch.gateway.settings import GatewaySettings
 from llmbatch.storage import FilesystemStore
@@ -215,14 +223,32 @@ def test_a_relist_keeps_writes_through_newer_than_its_snapshot() -> None:
 # --- archived batches: still listed once their object left the API server -------------------
 
 
+TENANT = NamespaceIdentity(NS, "uid-" + NS, created_at=0)
+
+
 def archived_store(tmp_path: pathlib.Path, *objs: dict[str, Any]) -> BatchArchive:
     store = FilesystemStore(tmp_path / "store")
     for obj in objs:
         meta = obj["metadata"]
-        record = archive.archive_record(obj, 1)
+        record = archive.archive_record(obj, 1, TENANT.uid)
         key = keys.archive_key(meta["namespace"], batch_id_from_name(meta["name"]))
         store.put(key, archive.encode(record))
-    return BatchArchive(store)
+    return BatchArchive(store, {NS: TENANT}.get)
+
+
+@asynccontextmanager
+async def listing_with(kube: FakeKube, store: BatchArchive) -> AsyncIterator[Listings]:
+    """Both listing caches with the archive's loader, synced and the archive loaded."""
+    lists = Listings.of(kube, 60, store)
+    lists.batches.watch_seconds = 30
+    lists.start()
+    try:
+        await asyncio.wait_for(lists.wait_synced(), 5)
+        assert lists.archived is not None
+        await asyncio.wait_for(lists.archived.done.wait(), 5)
+        yield lists
+    finally:
+        await lists.stop()
 
 
 def finished_obj(n: int, created_ns: int) -> dict[str, Any]:
@@ -241,10 +267,8 @@ def test_archived_batches_are_listed_from_the_start_and_when_their_object_goes(
         store = archived_store(tmp_path, old)
         await kube.create("batches", NS, moving)
         await kube.create("batches", NS, batch_obj(3, created_ns=3))
-        cache = ListCache(kube, BATCHES, resync_seconds=60, watch_seconds=30, archive=store)
-        cache.start()
-        try:
-            await asyncio.wait_for(cache.first_sync.wait(), 5)
+        async with listing_with(kube, store) as lists:
+            cache = lists.batches
             assert listed(cache) == [bid(3), bid(2), bid(1)]  # the record, in its place
             # retention moves batch 2: record, annotation, delete (the watch sees the last two)
             archived_store(tmp_path, moving)
@@ -257,8 +281,6 @@ def test_archived_batches_are_listed_from_the_start_and_when_their_object_goes(
             kube.compact()  # and a relist keeps both records
             await eventually(lambda: cache.relists == 2)
             assert listed(cache) == [bid(2), bid(1)]
-        finally:
-            await cache.stop()
 
     run(scenario)
 
@@ -291,7 +313,8 @@ def test_retrieve_answers_for_an_archived_batch(fake_gateway: FakeGateway) -> No
     key = fake_gateway.key(NS)
     obj = finished_obj(1, created_ns=1)
     store = FilesystemStore(fake_gateway.store_root)
-    store.put(keys.archive_key(NS, bid(1)), archive.encode(archive.archive_record(obj, 1)))
+    record = archive.archive_record(obj, 1, fake_gateway.kube.namespace_meta[NS]["uid"])
+    store.put(keys.archive_key(NS, bid(1)), archive.encode(record))
     got = fake_gateway.client.get(f"/v1/batches/{bid(1)}", headers=auth(key))
     assert got.status_code == 200, got.text
     assert got.json()["status"] == "completed"

@@ -119,3 +119,20 @@ class GatedKube:
         self.calls += 1
         await self.gate.wait()
         return self.value
+
+
+def test_a_namespace_that_went_is_read_afresh() -> None:
+    """What was read of a deleted namespace is never answered to a later one of its name."""
+
+    async def run() -> None:
+        kube = SlowKube()
+        cache = ReadCache(kube, ttl_seconds=30)  # type: ignore[arg-type]
+        await cache.get("batchfiles", "ns", "f")
+        await cache.get("batchfiles", "other", "f")
+        cache.forget("ns")
+        kube.value = None  # the new namespace has no such file
+        assert await cache.get("batchfiles", "ns", "f") is None
+        assert await cache.get("batchfiles", "other", "f") == {"v": 1}  # still cached
+        assert kube.calls == 3
+
+    asyncio.run(run())

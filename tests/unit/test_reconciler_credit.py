@@ -14,6 +14,7 @@ import pytest
 from llmbatch.api.resources import BatchPoolSpec, CreditReservation, Pricing
 from llmbatch.controller import metrics
 from llmbatch.controller.batches import BatchReconciler
+from llmbatch.controller.credits import CreditLedger
 from llmbatch.core import billing
 from tests.fixtures.builders import TENANT, make_batch, make_input_file, make_pool
 from tests.fixtures.reconciler import ReconcilerHarness
@@ -205,3 +206,38 @@ def test_a_batch_refused_at_validation_releases_the_gateways_hold(h: ReconcilerH
         0,
         "0.000000",
     )
+
+
+def test_a_gateway_reservation_made_just_after_a_read_found_no_account_is_charged(
+    h: ReconcilerHarness,
+) -> None:
+    """The operator accepted a batch of a tenant without an account (the absence is
+    remembered for 10 s); the tenant then makes its account and the gateway reserves credit for
+    a new batch at once, before the operator's watch shows the account. That batch's
+    acceptance must find the gateway's reservation, and its end must charge it."""
+    h.kube.add("batchfiles", make_input_file(h.store, FILE, 3))
+    other = "batch-" + "f" * 24
+    h.kube.add("batches", make_batch(other, input_file_id=FILE))
+    h.step_until(other, "in_progress")  # a read found no account: remembered
+    account(h)
+    reserved = make_batch(BATCH, input_file_id=FILE)
+    reserved["metadata"]["annotations"] = {billing.RESERVED_ANNOTATION: "true"}  # the gateway's
+    h.kube.add("batches", reserved)
+    gateway = CreditLedger(h.kube)  # type: ignore[arg-type]  # the gateway's own read and write
+    entry = CreditReservation(
+        batch=BATCH,
+        amount="2",
+        created_at=int(h.now),
+        pool="pool-a",
+        pricing=Pricing(input_per_million="1", output_per_million="2"),
+    )
+    assert asyncio.run(gateway.reserve(TENANT, entry)) is not None
+    status = h.step_until(BATCH, "in_progress")
+    assert status["billing"]["account"] == "default"
+    assert Decimal(status["billing"]["reserved"]) >= Decimal("2")
+    h.step(BATCH)
+    h.run_jobs()
+    status = h.step_until(BATCH, "completed")
+    assert Decimal(status["cost"]) > 0
+    assert ledger(h)["charged"] == billing.money(Decimal(status["cost"]))
+    assert ledger(h)["reserved"] == "0.000000"

@@ -220,6 +220,8 @@ def test_a_finished_batch_is_archived_when_its_results_expire_and_then_deleted(
     assert record["metadata"]["annotations"] == {
         keys.ANNOTATION_ARCHIVED: keys.archive_key(NS, "batch_short")
     }
+    # bound to its namespace by identity: a later namespace of the same name never sees it
+    assert record["tenantUID"] == kube.namespace_obj(NS)["metadata"]["uid"]
 
     now[0] = T0 + 7 * DAY  # the default: the 7 days of its results
     assert asyncio.run(sweeper.sweep()).batches_archived == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+from typing import Any
 
 import click
 
@@ -77,13 +78,19 @@ def create(
         )
     key = new_api_key()
     secret_name = name or f"llmb-key-{secrets.token_hex(4)}"
-    body = key_secret(
-        secret_name, hash_key(key), namespace, wanted, _gateway_namespace(gateway_namespace)
-    )
 
     async def run() -> None:
         api, core = await _core(kubeconfig)
         try:
+            uid = await _namespace_uid(core, namespace)
+            body = key_secret(
+                secret_name,
+                hash_key(key),
+                namespace,
+                wanted,
+                _gateway_namespace(gateway_namespace),
+                namespace_uid=uid,
+            )
             await core.create_namespaced_secret(_gateway_namespace(gateway_namespace), body)
         finally:
             await api.close()
@@ -97,11 +104,29 @@ def create(
     )
 
 
+async def _namespace_uid(core: Any, namespace: str) -> str:
+    """The UID of the tenant namespace a key is made for (the key acts only for that one)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        found = await core.read_namespace(namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise click.ClickException(
+                f"namespace {namespace} does not exist: create it first (a key is bound to "
+                "its namespace's UID and stops working when that namespace is deleted)"
+            ) from exc
+        raise
+    return str(found.metadata.uid)
+
+
 @keys.command("list")
 @_gw_ns
 @_kubeconfig
 def list_keys(gateway_namespace: str | None, kubeconfig: str | None) -> None:
-    """List key Secrets: name, tenant namespace, scopes (never the key)."""
+    """List key Secrets: name, tenant namespace, scopes, the namespace UID it is bound to
+    (never the key; ``unbound``: made before keys were bound, bound at its first use)."""
+    from llmbatch.gateway.auth import UID_FIELD
     from llmbatch.gateway.kube import KEY_LABEL, decode_secret_data
 
     async def run() -> None:
@@ -113,7 +138,8 @@ def list_keys(gateway_namespace: str | None, kubeconfig: str | None) -> None:
             for item in listing.items:
                 data = decode_secret_data(api.sanitize_for_serialization(item))
                 click.echo(
-                    f"{item.metadata.name}\t{data.get('namespace', '?')}\t{data.get('scopes', '')}"
+                    f"{item.metadata.name}\t{data.get('namespace', '?')}\t"
+                    f"{data.get('scopes', '')}\t{data.get(UID_FIELD) or 'unbound'}"
                 )
         finally:
             await api.close()
@@ -126,12 +152,37 @@ def list_keys(gateway_namespace: str | None, kubeconfig: str | None) -> None:
 @_gw_ns
 @_kubeconfig
 def revoke(name: str, gateway_namespace: str | None, kubeconfig: str | None) -> None:
-    """Revoke a key by deleting its Secret (the gateway stops accepting it within seconds)."""
+    """Revoke a key by deleting its Secret (the gateway stops accepting it within seconds).
+
+    Only an API key's Secret is deleted: any other Secret of that name is refused, untouched.
+    """
+    namespace = _gateway_namespace(gateway_namespace)
 
     async def run() -> None:
+        from kubernetes_asyncio.client import V1DeleteOptions, V1Preconditions
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        from llmbatch.gateway.auth import is_key_secret
+
         api, core = await _core(kubeconfig)
         try:
-            await core.delete_namespaced_secret(name, _gateway_namespace(gateway_namespace))
+            try:
+                found = await core.read_namespaced_secret(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise click.ClickException(f"no key {name} in namespace {namespace}") from exc
+                raise
+            if not is_key_secret(api.sanitize_for_serialization(found)):
+                raise click.ClickException(
+                    f"Secret {namespace}/{name} is not an llmbatch API key (no "
+                    "llmbatch.io/api-key=true label with a key's data): not deleted"
+                )
+            meta = found.metadata
+            # only the Secret just checked: not one put in its place meanwhile
+            only = V1Preconditions(uid=meta.uid, resource_version=meta.resource_version)
+            await core.delete_namespaced_secret(
+                name, namespace, body=V1DeleteOptions(preconditions=only)
+            )
         finally:
             await api.close()
 

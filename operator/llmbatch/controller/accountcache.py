@@ -6,7 +6,10 @@ The watch feeds the accounts that exist. That an account does *not* exist is kno
 read: a GET that found none is trusted for :data:`ABSENT_TTL` seconds, unless the watch shows
 the account meanwhile. This is how Kubernetes' own quota admission reads ResourceQuotas (an
 informer, and a live lookup remembered for 30 s when it has none): an account created moments
-before a batch is accepted may be missed only while the watch lags behind its creation.
+before a batch is accepted may be missed only while the watch lags behind its creation — and
+never for a batch the gateway reserved credit for at creation (``core.billing.
+RESERVED_ANNOTATION``): its acceptance reads the account whatever a recent read found, so its
+reservation is charged at its end.
 
 What the cache holds is only ever a first look. Every change of an account is read from the
 API server and written with the resourceVersion read (``CreditLedger._update``), and a

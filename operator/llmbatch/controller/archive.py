@@ -22,19 +22,23 @@ from llmbatch.storage.base import ObjectStore
 log = logging.getLogger(__name__)
 
 
-async def archive_batch(kube: Kube, store: ObjectStore, obj: Mapping[str, Any], now: int) -> bool:
-    """Archive one finished Batch and delete it; True when this call deleted it."""
+async def archive_batch(
+    kube: Kube, store: ObjectStore, obj: Mapping[str, Any], now: int, tenant_uid: str
+) -> bool:
+    """Archive one finished Batch and delete it; True when this call deleted it.
+    ``tenant_uid``: the UID of its namespace, kept in the record (``core.identity``)."""
     meta = obj.get("metadata") or {}
     namespace, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     key = keys.archive_key(namespace, batch_id_from_name(name))
     if (meta.get("annotations") or {}).get(keys.ANNOTATION_ARCHIVED) != key:
-        data = archive.encode(archive.archive_record(obj, now))
+        data = archive.encode(archive.archive_record(obj, now, tenant_uid))
         await asyncio.to_thread(store.put, key, data)
         patch = {"metadata": {"annotations": {keys.ANNOTATION_ARCHIVED: key}}}
         if await kube.patch_custom("batches", namespace, name, patch) is None:
             return False  # gone meanwhile (the record stays: it is what the batch was)
     elif await asyncio.to_thread(store.head, key) is None:  # annotated, record lost: write it
-        await asyncio.to_thread(store.put, key, archive.encode(archive.archive_record(obj, now)))
+        record = archive.archive_record(obj, now, tenant_uid)
+        await asyncio.to_thread(store.put, key, archive.encode(record))
     deleted = await kube.delete_custom("batches", namespace, name, uid, orphan=True)
     if deleted:
         log.info("retention: archived batch %s/%s to %s and deleted it", namespace, name, key)

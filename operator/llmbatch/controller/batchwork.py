@@ -28,6 +28,8 @@ from typing import Any
 
 from llmbatch import logs
 from llmbatch.api.resources import API_VERSION, BATCH_FINALIZER
+from llmbatch.background import supervise
+from llmbatch.controller import metrics
 from llmbatch.controller.batchcache import BatchCache
 from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.batches.step import announce
@@ -191,8 +193,12 @@ class BatchWork:
 
     async def run(self, workers: int, stop: asyncio.Event) -> None:
         """Drain the queue with ``workers`` concurrent reconciles until ``stop`` is set."""
-        tasks = [asyncio.create_task(self._worker(stop)) for _ in range(workers)]
-        tasks.append(asyncio.create_task(self.events.run()))
+        restarts = metrics.TASK_RESTARTS  # a worker or the recorder that fails is run again
+        tasks = [
+            supervise("reconcile-worker", lambda: self._worker(stop), restarts)
+            for _ in range(workers)
+        ]
+        tasks.append(supervise("event-recorder", self.events.run, restarts))
         try:
             await stop.wait()
         finally:

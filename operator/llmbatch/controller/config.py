@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from llmbatch.core.netguard import IPNetwork, parse_networks
+from llmbatch.core.offboarding import DEFAULT_GRACE_SECONDS
 from llmbatch.core.retention import RetentionPolicy
 from llmbatch.core.webhooks import RetryPolicy
 
@@ -105,7 +106,10 @@ class OperatorConfig:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     """File retention defaults (pools override them with ``spec.retention``)."""
     retention_interval: float = 60.0
-    """Seconds between retention sweeps (0: no sweeps)."""
+    """Seconds between retention sweeps and offboarding passes (0: neither)."""
+    tenant_grace_seconds: int = DEFAULT_GRACE_SECONDS
+    """A deleted tenant namespace's data in the store (archived batches, file bytes, inline
+    inputs, work areas) is erased this long after the deletion (``core.offboarding``)."""
     credit_repair_interval: float = 30.0
     """Seconds between upkeep passes over the CreditAccounts (0: none)."""
     peering: str = "llmbatch"
@@ -157,6 +161,9 @@ class OperatorConfig:
             peering_lifetime=max(10, int(_float("LLMBATCH_PEERING_LIFETIME", 20))),
             retention=_retention_from_env(),
             retention_interval=_float("LLMBATCH_RETENTION_INTERVAL", 60.0),
+            tenant_grace_seconds=_seconds(
+                "LLMBATCH_RETENTION_DELETED_TENANT_SECONDS", DEFAULT_GRACE_SECONDS, minimum=0
+            ),
             namespaces=tuple(n for n in namespaces.split(",") if n),
             pools=tuple(p for p in os.environ.get("LLMBATCH_POOLS", "").split(",") if p),
             webhooks=WebhookConfig.from_env(),

@@ -103,21 +103,27 @@ class CreditLedger:
         return _parsed(account)
 
     async def _first_look(
-        self, namespace: str
+        self, namespace: str, *, trust_absence: bool = True
     ) -> tuple[CreditAccountSpec, CreditAccountStatus] | None:
-        """The account as the watch last showed it (or a recent read found none), else read."""
+        """The account as the watch last showed it (or a recent read found none, unless
+        ``trust_absence`` is False), else read."""
         cached = self.accounts.look(namespace)
-        if not cached.known:
+        if not cached.known or (cached.body is None and not trust_absence):
             return await self.account(namespace)
         return _parsed(cached.body)
 
-    async def reserve(self, namespace: str, entry: CreditReservation) -> Hold | None:
+    async def reserve(
+        self, namespace: str, entry: CreditReservation, *, reserved_at_creation: bool = False
+    ) -> Hold | None:
         """The reservation in force for ``entry.batch``: the one the gateway made at creation
         (its prices are the batch's), else ``entry`` once added. None: the tenant has no account.
 
+        ``reserved_at_creation``: the gateway says it reserved, so the account exists even when
+        a read a moment ago found none (the watch has not shown it yet): it is read.
+
         Raises ``billing.InsufficientCredit`` / ``billing.TooManyReservations``.
         """
-        current = await self._first_look(namespace)
+        current = await self._first_look(namespace, trust_absence=not reserved_at_creation)
         if current is None:
             return None
         existing = billing.find(current[1], entry.batch)

@@ -11,7 +11,10 @@ from the acceptances' status writes, and the last batches' first results came 0.
 
 Like client-go's event broadcaster the queue is bounded: Events that find it full (an API server
 that refuses them for minutes) are dropped and counted, never allowed to grow the operator's
-memory; an Event is never retried (``KubeClient.post_event``).
+memory; an Event the API server refused is not retried (``KubeClient.post_event``). A post that
+fails without an answer (a dropped connection) raises out of :meth:`EventRecorder.run`, which runs
+under a supervisor (``llmbatch.background``): it is run again after a backoff and posts the same
+Event first, and the Events recorded meanwhile wait in the queue.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ Importing this module registers the handlers with kopf's default registry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,12 +14,14 @@ from typing import Any
 import kopf
 
 from llmbatch.api.resources import GROUP, VERSION, BatchPoolSpec
+from llmbatch.background import stop, supervise
 from llmbatch.controller import metrics
 from llmbatch.controller.batches import BatchReconciler, Step
 from llmbatch.controller.batchwork import BatchWork
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import REQUEST_TIMEOUT, Kube
 from llmbatch.controller.namespaces import NamespaceCache
+from llmbatch.controller.offboarding import TenantSweeper
 from llmbatch.controller.pools import PoolScheduler
 from llmbatch.controller.retention import RetentionSweeper
 from llmbatch.controller.runningindex import RunningIndex
@@ -31,6 +32,8 @@ from llmbatch.storage import open_store
 #: kopf's finalizer, on BatchPools (their deletion handler). Batches carry the operator's own
 #: (``BATCH_FINALIZER``, cleaned up through the work queue); kopf drops its old one from them.
 FINALIZER = "llmbatch.io/finalizer"
+#: How long a stopping operator waits for its workers to end and its Events to be posted.
+WORK_STOP_SECONDS = 10.0
 #: Threads for the store calls of every batch and pool (blocking I/O, not CPU).
 STORE_THREADS = 32
 INTERVAL = float(os.environ.get("LLMBATCH_RECONCILE_INTERVAL", "2"))
@@ -106,31 +109,51 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.pools.on_shards_changed = memo.work.push
     memo.batches.credits.batches_of = memo.work.batches_of
     memo.work_stop = asyncio.Event()
-    memo.work_task = asyncio.create_task(memo.work.run(config.reconcile_workers, memo.work_stop))
+    # Every long-lived task runs under a supervisor (llmbatch.background): one that fails is
+    # run again after a backoff, logged and counted, never left dead.
+    memo.work_task = supervise(
+        "batch-work",
+        lambda: memo.work.run(config.reconcile_workers, memo.work_stop),
+        metrics.TASK_RESTARTS,
+    )
     metrics.serve(config.metrics_port)
     if config.retention_interval > 0:
         # Not a kopf timer: timers put a finalizer on every object they run on, and BatchFiles
         # must stay deletable without the operator (DELETE /v1/files, owner garbage collection).
         sweeper = RetentionSweeper(kube, memo.batches.store, config)
         sweeper.batches = memo.work.all_batches
-        memo.retention_task = asyncio.create_task(sweeper.run(config.retention_interval))
+        sweeper.tenants = memo.namespaces.identity
+        memo.retention_task = supervise(
+            "retention-sweep", lambda: sweeper.run(config.retention_interval), metrics.TASK_RESTARTS
+        )
+        memo.offboarding = TenantSweeper(kube, memo.batches.store, config)
+        memo.offboarding_task = supervise(
+            "tenant-sweep",
+            lambda: memo.offboarding.run(config.retention_interval),
+            metrics.TASK_RESTARTS,
+        )
     if config.webhooks.enabled:
         # Its own task with bounded concurrency: a slow endpoint never holds up a reconcile.
         memo.webhooks = WebhookDispatcher(kube, config.webhooks)
-        memo.webhooks_task = asyncio.create_task(memo.webhooks.run())
+        memo.webhooks_task = supervise(
+            "webhook-dispatcher", memo.webhooks.run, metrics.TASK_RESTARTS
+        )
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    stop: asyncio.Event | None = getattr(memo, "work_stop", None)
-    if stop is not None:
-        stop.set()
-    for name in ("work_task", "retention_task", "webhooks_task"):
-        task: asyncio.Task[None] | None = getattr(memo, name, None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    work_stop: asyncio.Event | None = getattr(memo, "work_stop", None)
+    if work_stop is not None:
+        work_stop.set()
+    tasks = ("retention_task", "offboarding_task", "webhooks_task")
+    await stop(*(getattr(memo, name, None) for name in tasks))
+    work_task: asyncio.Task[None] | None = getattr(memo, "work_task", None)
+    if work_task is not None:  # it ends itself once told to stop, posting the Events held
+        await asyncio.wait({work_task}, timeout=WORK_STOP_SECONDS)
+        await stop(work_task)
+    dispatcher: WebhookDispatcher | None = getattr(memo, "webhooks", None)
+    if dispatcher is not None:
+        await dispatcher.close()
     kube: Kube | None = getattr(memo, "kube", None)
     if kube is not None:
         await kube.close()
@@ -200,10 +223,14 @@ async def pool_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_:
 @kopf.on.event("", "v1", "namespaces")
 async def namespace_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Keep the tenants' annotations (fair-share weights, the expedited switch) for the pool
-    rounds and acceptance. No I/O: async so it runs on the loop."""
+    rounds and acceptance, and their identities for the archive and offboarding. No I/O:
+    async so it runs on the loop."""
     namespaces: NamespaceCache | None = getattr(memo, "namespaces", None)
     if namespaces is not None:
         namespaces.notice(dict(body), deleted=event.get("type") == "DELETED")
+    offboarding: TenantSweeper | None = getattr(memo, "offboarding", None)
+    if offboarding is not None:
+        offboarding.notice(body)
 
 
 @kopf.on.event(GROUP, VERSION, "creditaccounts", when=_served)
@@ -340,13 +367,9 @@ async def start_credit_upkeep(memo: kopf.Memo, **_: Any) -> None:
         if config.credit_repair_interval > 0:
             await reconciler.credits.run(config.namespaces, config.credit_repair_interval)
 
-    memo.credit_task = asyncio.create_task(upkeep())
+    memo.credit_task = supervise("credit-upkeep", upkeep, metrics.TASK_RESTARTS)
 
 
 @kopf.on.cleanup()
 async def stop_credit_upkeep(memo: kopf.Memo, **_: Any) -> None:
-    task: asyncio.Task[None] | None = getattr(memo, "credit_task", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await stop(getattr(memo, "credit_task", None))

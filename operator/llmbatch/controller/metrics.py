@@ -63,6 +63,14 @@ EVENTS_DROPPED = Counter(
     "be posted was full (an API server refusing them for long).",
     registry=REGISTRY,
 )
+TASK_RESTARTS = Counter(
+    "llmbatch_background_task_restarts_total",
+    "Background tasks of the operator (the Event recorder, the reconcile workers, the retention "
+    "and tenant sweeps, the credit upkeep, the webhook dispatcher) run again after they failed, "
+    "by task.",
+    ["task"],
+    registry=REGISTRY,
+)
 SHARD_INCOMPLETE = Counter(
     "llmbatch_shard_incomplete_total",
     "Shard runs that ended done without a result for every request of their range (a broken "
@@ -214,6 +222,24 @@ RETENTION_SWEEP_SECONDS = Histogram(
 RETENTION_ERRORS = Counter(
     "llmbatch_retention_errors_total",
     "Retention deletions, status updates or whole sweeps that failed (the next sweep retries).",
+    registry=REGISTRY,
+)
+
+TENANT_SWEEPS = Counter(
+    "llmbatch_tenant_sweeps_total",
+    "Deleted tenants (a namespace, by its UID) whose data the operator erased from the store "
+    "once the grace period after the deletion ended.",
+    registry=REGISTRY,
+)
+TENANT_SWEPT_BYTES = Counter(
+    "llmbatch_tenant_swept_bytes_total",
+    "Bytes of deleted tenants erased from the store, by area (archive, files, work, inline).",
+    ["area"],
+    registry=REGISTRY,
+)
+TENANTS_AWAITING_SWEEP = Gauge(
+    "llmbatch_tenants_awaiting_sweep",
+    "Deleted tenants whose data in the store waits for the end of the grace period.",
     registry=REGISTRY,
 )
 

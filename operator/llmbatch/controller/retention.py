@@ -25,6 +25,7 @@ from llmbatch.controller.archive import archive_batch
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.controller.kube import Kube
 from llmbatch.core import keys
+from llmbatch.core.identity import NamespaceIdentity
 from llmbatch.core.retention import (
     BatchRef,
     FileDecision,
@@ -83,6 +84,8 @@ class RetentionSweeper:
         self.batches: Callable[[], list[dict[str, Any]] | None] | None = None
         """Every served Batch as the operator's cache holds them; None when it cannot tell
         yet (then they are listed): a sweep listing 10,000 Batches a minute moved 100 MB."""
+        self.tenants: Callable[[str], NamespaceIdentity | None] | None = None
+        """A namespace as the operator's watch shows it (None: not seen; then it is read)."""
 
     async def run(self, interval: float) -> None:
         """Sweep every ``interval`` seconds until cancelled; a failed sweep is retried next time."""
@@ -227,9 +230,20 @@ class RetentionSweeper:
 
     async def _archive(self, batch: BatchRef, report: SweepReport) -> None:
         obj = self._objects.get(batch.uid)
-        if obj is not None and await archive_batch(self.kube, self.store, obj, int(self.clock())):
+        tenant = await self._tenant(batch.namespace)
+        if obj is None or tenant is None:
+            return  # its namespace is gone: the Batch goes with it, nothing to archive
+        if await archive_batch(self.kube, self.store, obj, int(self.clock()), tenant.uid):
             metrics.RETENTION_BATCHES_ARCHIVED.inc()
             report.batches_archived += 1
+
+    async def _tenant(self, namespace: str) -> NamespaceIdentity | None:
+        """The namespace the batch is in, as the watch shows it (else read)."""
+        known = self.tenants(namespace) if self.tenants is not None else None
+        if known is not None:
+            return known
+        found = await self.kube.read_namespace(namespace)
+        return NamespaceIdentity.of(found) if found is not None else None
 
 
 def _listed(store: ObjectStore, prefix: str) -> list[ObjectInfo]:

@@ -5,7 +5,9 @@ etcd holds the working set, not the history: the gateway answers ``GET /v1/batch
 the listing for an archived batch from its record here, mapped to the OpenAI object by the same
 rule as a live one (``gateway.mapping``), so what a client reads does not change when the object
 moves. A record is the object as the API server last served it, less what only the operator
-needs (kopf's bookkeeping annotations, managed fields, inline requests).
+needs (kopf's bookkeeping annotations, managed fields, inline requests), with the UID of the
+namespace it was archived from (``core.identity``: a later namespace of the same name never sees
+it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import orjson
 
 from llmbatch.core import keys
+from llmbatch.core.identity import TENANT_UID_FIELD
 from llmbatch.core.ids import batch_id_from_name
 
 KIND = "Batch"
@@ -27,9 +30,10 @@ class NotARecord(ValueError):
     """Bytes at an archive key that are not an archived Batch."""
 
 
-def archive_record(obj: Mapping[str, Any], archived_at: int) -> dict[str, Any]:
+def archive_record(obj: Mapping[str, Any], archived_at: int, tenant_uid: str) -> dict[str, Any]:
     """The record of a finished Batch object (a plain JSON object), annotated with its key as
-    the object is before its deletion (``llmbatch.io/archived``)."""
+    the object is before its deletion (``llmbatch.io/archived``); ``tenant_uid`` is the UID of
+    its namespace."""
     meta = obj.get("metadata") or {}
     kept = {k: meta[k] for k in _KEPT_METADATA if k in meta}
     annotations = {
@@ -50,6 +54,7 @@ def archive_record(obj: Mapping[str, Any], archived_at: int) -> dict[str, Any]:
         "spec": spec,
         "status": dict(obj.get("status") or {}),
         "archivedAt": archived_at,
+        TENANT_UID_FIELD: tenant_uid,
     }
 
 

@@ -37,6 +37,10 @@ ESTIMATE_AUDIO_CLIP_TOKENS = 1500
 inline clip."""
 MAX_RESERVATIONS = 1000
 """Unfinished batches one account can hold credit for (the ledger lives on one object)."""
+RESERVED_ANNOTATION = "llmbatch.io/credit-reserved"
+"""On a Batch the gateway reserved credit for at creation (``"true"``): its acceptance reads the
+tenant's account rather than trust an earlier read that found none (the account can be newer
+than that read while the operator's watch has not shown it yet)."""
 _QUANTUM = Decimal("0.000001")
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+FILES_PREFIX = "files/"
+WORK_PREFIX = "work/"
+
 
 def new_file_id() -> str:
     """A fresh, unguessable file id: ``file-`` + 32 hex (128 random bits)."""
@@ -19,7 +22,7 @@ def derived_file_id(batch_uid: str, purpose: str) -> str:
 
 def file_key(namespace: str, file_id: str) -> str:
     """Where a file's bytes live."""
-    return f"files/{namespace}/{file_id}"
+    return f"{FILES_PREFIX}{namespace}/{file_id}"
 
 
 def owned_file_key(namespace: str, file_id: str, declared: str | None) -> str | None:
@@ -34,7 +37,7 @@ def owned_file_key(namespace: str, file_id: str, declared: str | None) -> str | 
 
 def work_prefix(namespace: str, batch_uid: str) -> str:
     """The work area of one batch (inline input, shard specs, chunks); removed with the batch."""
-    return f"work/{namespace}/{batch_uid}"
+    return f"{WORK_PREFIX}{namespace}/{batch_uid}"
 
 
 INLINE_STAGING_PREFIX = "inline/"
@@ -57,6 +60,54 @@ def archive_key(namespace: str, batch_id: str) -> str:
     """Where a finished Batch's final object is kept once it left the API server:
     ``archive/<namespace>/<batch id>.json`` (core/archive.py)."""
     return f"{ARCHIVE_PREFIX}{namespace}/{batch_id}.json"
+
+
+TENANT_AREAS = {
+    "archive": ARCHIVE_PREFIX,
+    "files": FILES_PREFIX,
+    "work": WORK_PREFIX,
+    "inline": INLINE_STAGING_PREFIX,
+}
+"""Where a tenant's data lives, each under ``<prefix><namespace>/``: what offboarding erases."""
+
+
+def tenant_area(area: str, namespace: str) -> str:
+    """The prefix of one area (:data:`TENANT_AREAS`) of one namespace's data."""
+    return f"{TENANT_AREAS[area]}{namespace}/"
+
+
+TENANTS_PREFIX = "tenants/"
+_GONE = ".gone-"
+
+
+def tenant_key(namespace: str, uid: str, gone_at: int | None = None) -> str:
+    """The operator's note of one namespace (by UID) whose data the store may hold:
+    ``tenants/<namespace>/<uid>``, and once the namespace is gone
+    ``tenants/<namespace>/<uid>.gone-<unix seconds>`` (a listing alone tells the offboarding
+    sweep everything, ``core.offboarding``)."""
+    note = f"{TENANTS_PREFIX}{namespace}/{uid}"
+    return note if gone_at is None else f"{note}{_GONE}{gone_at}"
+
+
+def parse_tenant_key(key: str) -> tuple[str, str, int | None] | None:
+    """``(namespace, uid, gone_at)`` of a :func:`tenant_key`; None for any other key."""
+    parts = key.removeprefix(TENANTS_PREFIX).split("/")
+    if not key.startswith(TENANTS_PREFIX) or len(parts) != 2 or not all(parts):
+        return None
+    namespace, rest = parts
+    uid, gone, when = rest.partition(_GONE)
+    if not gone:
+        return namespace, uid, None
+    return (namespace, uid, int(when)) if when.isdigit() and uid else None
+
+
+KEY_BINDINGS_PREFIX = "keybindings/"
+
+
+def key_binding_key(secret_name: str) -> str:
+    """Where the gateway keeps the namespace UID an API key without one in its Secret was bound
+    to at its first use (``gateway.auth``)."""
+    return f"{KEY_BINDINGS_PREFIX}{secret_name}.json"
 
 
 def inline_input_key(namespace: str, batch_uid: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,20 +18,24 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
+from llmbatch.background import stop, supervise
 from llmbatch.gateway import metrics
 from llmbatch.gateway.archive import BatchArchive
-from llmbatch.gateway.auth import KeyRing, KeyWatcher
+from llmbatch.gateway.auth import KeyRing
 from llmbatch.gateway.deps import Gateway, state_of
 from llmbatch.gateway.errors import install_handlers
 from llmbatch.gateway.kube import GatewayKube, KubeAPI
 from llmbatch.gateway.listcache import Listings
+from llmbatch.gateway.namespaces import Namespaces
 from llmbatch.gateway.readcache import ReadCache
+from llmbatch.gateway.reflector import Reflector
 from llmbatch.gateway.routes import ROUTERS
 from llmbatch.gateway.settings import GatewaySettings
 from llmbatch.storage import ObjectStore, open_store
 
 FIRST_SYNC_WAIT_SECONDS = 10.0
-"""How long the start waits for the keys and the listing caches before serving anyway."""
+"""How long the start waits for the keys, the namespaces and the listing caches before serving
+anyway."""
 
 
 def create_app(
@@ -77,6 +82,9 @@ def create_app(
         gw = state_of(request)
         if not gw.keyring.loaded:
             return Response(b'{"status":"keys not loaded"}', 503, media_type="application/json")
+        if not gw.namespaces.synced.is_set():
+            body = b'{"status":"namespaces not loaded"}'
+            return Response(body, 503, media_type="application/json")
         if not gw.lists.synced:
             return Response(b'{"status":"lists not synced"}', 503, media_type="application/json")
         return Response(b'{"status":"ok"}', media_type="application/json")
@@ -90,25 +98,40 @@ def create_app(
 async def _serving(
     app: FastAPI, cfg: GatewaySettings, kube: KubeAPI | None, store: ObjectStore | None
 ) -> AsyncIterator[None]:
-    """The gateway's state for the app's lifetime: API client, store, key ring and its watch,
-    the listing caches and theirs."""
+    """The gateway's state for the app's lifetime: API client, store, key ring and the
+    namespaces with their watches, the listing caches and theirs, the archive's loader — each
+    watch a supervised task (``llmbatch.background``)."""
     kube_api: KubeAPI = kube or await GatewayKube.connect(cfg.kubeconfig)
     ring = KeyRing()
     metrics.count_keys(ring)
     objects = metrics.instrument_store(store or open_store(cfg.store_uri))
-    archive = BatchArchive(objects)
-    lists = Listings.of(kube_api, cfg.list_resync_seconds, archive)
-    app.state.gateway = Gateway(
-        cfg, kube_api, objects, ring, ReadCache(kube_api, cfg.read_cache_seconds), lists, archive
+    namespaces = Namespaces()
+    archive = BatchArchive(objects, namespaces.identity)
+    lists = Listings.of(kube_api, cfg.list_resync_seconds, archive, namespaces.synced.wait)
+    reads = ReadCache(kube_api, cfg.read_cache_seconds)
+    namespaces.on_gone(lists.forget)
+    namespaces.on_gone(reads.forget)
+    app.state.gateway = Gateway(cfg, kube_api, objects, ring, reads, lists, archive, namespaces)
+    keys = Reflector(
+        ring,
+        functools.partial(kube_api.list_key_secrets, cfg.gateway_namespace),
+        functools.partial(kube_api.watch_key_secrets, cfg.gateway_namespace),
+        cfg.key_resync_seconds,
     )
-    watcher = KeyWatcher(kube_api, cfg.gateway_namespace, ring, cfg.key_resync_seconds)
-    watcher.start()
+    tenants = Reflector(
+        namespaces, kube_api.list_namespaces, kube_api.watch_namespaces, cfg.list_resync_seconds
+    )
+    watches = [
+        supervise("key-watch", keys.run, metrics.TASK_RESTARTS),
+        supervise("namespace-watch", tenants.run, metrics.TASK_RESTARTS),
+    ]
     lists.start()
     # Until the lists are synced the list routes ask the API server, as before the caches, and
     # /readyz says not ready: a slow first listing holds up the start for a while, not forever.
+    # The archive's records are not waited for (``gateway.archiveloader``).
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(
-            asyncio.gather(watcher.first_sync.wait(), lists.wait_synced()),
+            asyncio.gather(keys.first_sync.wait(), tenants.first_sync.wait(), lists.wait_synced()),
             timeout=FIRST_SYNC_WAIT_SECONDS,
         )
     # The imported modules (the Kubernetes client's models above all) are ~100k long-lived
@@ -120,7 +143,7 @@ async def _serving(
         yield
     finally:
         await lists.stop()
-        await watcher.stop()
+        await stop(*watches)
         if kube is None:
             await kube_api.close()
 

@@ -1,25 +1,33 @@
 """API keys: SHA-256 hashes in labelled Secrets, watched so a revoked key stops working at once.
 
 A key Secret lives in the gateway's namespace, labelled ``llmbatch.io/api-key=true``, with data
-``sha256`` (hex digest of the key), ``namespace`` (the tenant) and ``scopes`` (comma list of
-``inference:write``, ``inference:read``). The plain key is shown once by ``llmbatch keys create``
-and never stored. :class:`KeyRing` holds the digests in memory, kept current by
-:class:`KeyWatcher` (a watch with a full re-list every resync period).
+``sha256`` (hex digest of the key), ``namespace`` (the tenant), ``namespaceUID`` (the UID of that
+namespace when the key was made: a later namespace of the same name is another tenant,
+``core.identity``) and ``scopes`` (comma list of ``inference:write``, ``inference:read``). The
+plain key is shown once by ``llmbatch keys create`` and never stored. :class:`KeyRing` holds the
+digests in memory, kept current by a list + watch (``gateway.reflector``); a key is accepted
+only while its namespace is the one it is bound to (:func:`admit`). A key made before keys were
+bound carries no UID: it is bound to its namespace at its first use, and the binding is kept in
+the store (:meth:`KeyRing.bound`), so a later namespace of the same name never inherits it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from llmbatch.gateway.kube import KEY_LABEL, KubeAPI, decode_secret_data
+import orjson
+
+from llmbatch.core import keys
+from llmbatch.core.identity import NamespaceIdentity, key_acts_for
+from llmbatch.gateway.kube import KEY_LABEL, decode_secret_data
+from llmbatch.storage.base import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +35,11 @@ KEY_PREFIX = "sk-llmb-"
 SCOPE_WRITE = "inference:write"
 SCOPE_READ = "inference:read"
 KNOWN_SCOPES = (SCOPE_WRITE, SCOPE_READ)
+UID_FIELD = "namespaceUID"
+"""Secret data: the UID of the namespace the key was made for."""
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_UID = re.compile(r"^[0-9A-Za-z-]{1,64}$")
 
 
 def new_api_key() -> str:
@@ -47,9 +58,18 @@ def parse_scopes(raw: str) -> frozenset[str]:
 
 
 def key_secret(
-    name: str, digest: str, namespace: str, scopes: list[str], gateway_namespace: str
+    name: str,
+    digest: str,
+    namespace: str,
+    scopes: list[str],
+    gateway_namespace: str,
+    namespace_uid: str | None = None,
 ) -> dict[str, Any]:
-    """The Secret manifest of one key (``stringData``; the API server encodes it)."""
+    """The Secret manifest of one key (``stringData``; the API server encodes it), bound to the
+    namespace's UID when one is given."""
+    data = {"sha256": digest, "namespace": namespace, "scopes": ",".join(scopes)}
+    if namespace_uid:
+        data[UID_FIELD] = namespace_uid
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -59,7 +79,7 @@ def key_secret(
             "namespace": gateway_namespace,
             "labels": {KEY_LABEL: "true", "llmbatch.io/tenant": namespace},
         },
-        "stringData": {"sha256": digest, "namespace": namespace, "scopes": ",".join(scopes)},
+        "stringData": data,
     }
 
 
@@ -70,6 +90,8 @@ class Principal:
     namespace: str
     scopes: frozenset[str]
     key_name: str
+    namespace_uid: str | None = None
+    """The UID of the namespace the key acts for; None: a key made before keys were bound."""
 
     def can_read(self) -> bool:
         # A write key may also read what it wrote (the seed's "a key with inference:write").
@@ -84,10 +106,20 @@ def principal_of_secret(secret: dict[str, Any]) -> tuple[str, Principal] | None:
     data = decode_secret_data(secret)
     digest = data.get("sha256", "").strip().lower()
     namespace = data.get("namespace", "").strip()
+    uid = data.get(UID_FIELD, "").strip() or None
     if not _HEX64.match(digest) or not _DNS_LABEL.match(namespace):
         return None
+    if uid is not None and not _UID.match(uid):
+        return None
     name = str((secret.get("metadata") or {}).get("name", ""))
-    return digest, Principal(namespace, parse_scopes(data.get("scopes", "")), name)
+    return digest, Principal(namespace, parse_scopes(data.get("scopes", "")), name, uid)
+
+
+def is_key_secret(secret: dict[str, Any]) -> bool:
+    """Whether a Secret is an API key of this gateway: labelled as one and holding a key's
+    data (``llmbatch keys revoke`` deletes nothing else)."""
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    return labels.get(KEY_LABEL) == "true" and principal_of_secret(secret) is not None
 
 
 class KeyRing:
@@ -95,14 +127,17 @@ class KeyRing:
 
     def __init__(self) -> None:
         self._by_secret: dict[str, tuple[bytes, Principal]] = {}
+        self._bound: dict[tuple[str, str], str] = {}
+        """Keys without a UID in their Secret, as bound at their first use: (Secret name,
+        namespace) -> UID (the store keeps the binding, this the reads of it)."""
         self.loaded = False
 
     def __len__(self) -> int:
         return len(self._by_secret)
 
-    def replace(self, secrets_: list[dict[str, Any]]) -> None:
+    def replace(self, objects: list[dict[str, Any]]) -> None:
         fresh: dict[str, tuple[bytes, Principal]] = {}
-        for secret in secrets_:
+        for secret in objects:
             entry = principal_of_secret(secret)
             if entry is not None:
                 fresh[entry[1].key_name] = (bytes.fromhex(entry[0]), entry[1])
@@ -128,43 +163,40 @@ class KeyRing:
                 found = principal
         return found
 
+    async def bound(
+        self, principal: Principal, tenant: NamespaceIdentity | None, store: ObjectStore
+    ) -> Principal:
+        """``principal`` with the UID its key is bound to: its Secret's; for a key made before
+        keys were bound, the binding stored at its first use — or, at its first use now, the
+        UID of ``tenant`` (its namespace as it is), stored (``keybindings/<Secret name>``)."""
+        if principal.namespace_uid is not None:
+            return principal
+        uid = self._bound.get((principal.key_name, principal.namespace))
+        if uid is None and tenant is not None and tenant.live:
+            uid = await asyncio.to_thread(_stored_binding, store, principal, tenant)
+            self._bound[principal.key_name, principal.namespace] = uid
+        return principal if uid is None else replace(principal, namespace_uid=uid)
 
-class KeyWatcher:
-    """Keeps a :class:`KeyRing` equal to the key Secrets: list, watch, re-list on every resync."""
 
-    def __init__(self, kube: KubeAPI, namespace: str, ring: KeyRing, resync_seconds: int) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.ring = ring
-        self.resync_seconds = resync_seconds
-        self._task: asyncio.Task[None] | None = None
-        self.first_sync = asyncio.Event()
+def admit(principal: Principal, tenant: NamespaceIdentity | None) -> Principal | None:
+    """``principal`` when its key may act for ``tenant`` (its namespace as it is now), else
+    None (``core.identity.key_acts_for``)."""
+    return principal if key_acts_for(tenant, principal.namespace_uid) else None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="key-watcher")
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-
-    async def _run(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                items, version = await self.kube.list_key_secrets(self.namespace)
-                self.ring.replace(items)
-                self.first_sync.set()
-                backoff = 0.5
-                async for kind, secret in self.kube.watch_key_secrets(
-                    self.namespace, version, self.resync_seconds
-                ):
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        self.ring.apply(kind, secret)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # keep serving the last known keys; retry soon
-                log.warning("key watch failed (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+def _stored_binding(store: ObjectStore, principal: Principal, tenant: NamespaceIdentity) -> str:
+    """The UID an unbound key was bound to at its first use; a first use binds it to
+    ``tenant`` (blocking: run in a thread)."""
+    key = keys.key_binding_key(principal.key_name)
+    try:
+        stored = orjson.loads(store.get(key))
+    except (ObjectNotFound, orjson.JSONDecodeError):
+        stored = None
+    if isinstance(stored, dict) and stored.get("namespace") == principal.namespace:
+        uid = stored.get("uid")
+        if isinstance(uid, str) and uid:
+            return uid
+    store.put(key, orjson.dumps({"namespace": principal.namespace, "uid": tenant.uid}))
+    log.info("key %s: bound to namespace %s (uid %s) at its first use",
+             principal.key_name, tenant.name, tenant.uid)  # fmt: skip
+    return tenant.uid

@@ -29,7 +29,7 @@ from llmbatch.api.resources import (
     InlineRequest,
     Tier,
 )
-from llmbatch.core.billing import BatchSize
+from llmbatch.core.billing import RESERVED_ANNOTATION, BatchSize
 from llmbatch.core.tiers import expedited_disabled, tier_of
 from llmbatch.core.validation import MediaTally, normalize_endpoint
 from llmbatch.gateway.errors import APIError
@@ -366,8 +366,10 @@ def batch_manifest(
     estimated_tokens: int,
     idempotency_label: str,
     now_ns: int,
+    credit_reserved: bool = False,
 ) -> dict[str, Any]:
-    """The Batch to create: the spec plus what the gateway records for quotas and replays."""
+    """The Batch to create: the spec plus what the gateway records for quotas and replays, and
+    whether it reserved the batch's credit (``core.billing.RESERVED_ANNOTATION``)."""
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -382,6 +384,8 @@ def batch_manifest(
     }
     if idempotency_label:
         meta["labels"] = {LABEL_IDEMPOTENCY: idempotency_label}
+    if credit_reserved:
+        meta["annotations"][RESERVED_ANNOTATION] = "true"
     return {
         "apiVersion": API_VERSION,
         "kind": "Batch",

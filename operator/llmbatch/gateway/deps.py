@@ -11,10 +11,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from llmbatch import logs
 from llmbatch.gateway import metrics
 from llmbatch.gateway.archive import BatchArchive
-from llmbatch.gateway.auth import KeyRing, Principal
+from llmbatch.gateway.auth import KeyRing, Principal, admit
 from llmbatch.gateway.errors import APIError, unauthorized
 from llmbatch.gateway.kube import KubeAPI
 from llmbatch.gateway.listcache import Listings
+from llmbatch.gateway.namespaces import Namespaces
 from llmbatch.gateway.readcache import ReadCache
 from llmbatch.gateway.settings import GatewaySettings
 from llmbatch.storage import ObjectStore
@@ -32,6 +33,8 @@ class Gateway:
     lists: Listings
     archive: BatchArchive
     """Finished batches that left the API server (retention): answered from the store."""
+    namespaces: Namespaces
+    """The tenant namespaces as they are now (a key acts only for its own, ``core.identity``)."""
 
 
 def state_of(request: Request) -> Gateway:
@@ -53,16 +56,23 @@ async def authenticate(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """The key's principal; 401 for a missing, unknown or revoked key."""
+    """The key's principal; 401 for a missing, unknown or revoked key, and for a key whose
+    namespace is gone (``core.identity``)."""
     if credentials is None or not credentials.credentials:
         metrics.AUTH_FAILURES.labels("missing").inc()
         raise unauthorized(
             "You didn't provide an API key. You need to provide your API key in an "
             "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
         )
-    principal = state_of(request).keyring.authenticate(credentials.credentials)
+    gw = state_of(request)
+    principal = gw.keyring.authenticate(credentials.credentials)
+    reason = "invalid"
+    if principal is not None:
+        tenant = gw.namespaces.identity(principal.namespace)
+        principal = admit(await gw.keyring.bound(principal, tenant, gw.store), tenant)
+        reason = "tenant_gone"  # its namespace was deleted, or is another of the same name
     if principal is None:
-        metrics.AUTH_FAILURES.labels("invalid").inc()
+        metrics.AUTH_FAILURES.labels(reason).inc()
         shown = credentials.credentials[:8] + "****" if len(credentials.credentials) > 12 else ""
         raise unauthorized(f"Incorrect API key provided: {shown or '****'}.")
     logs.bind_context(tenant=principal.namespace)

@@ -87,6 +87,12 @@ class KubeAPI(Protocol):
         self, namespace: str, resource_version: str, timeout_seconds: int
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
 
+    async def list_namespaces(self) -> tuple[list[dict[str, Any]], str]: ...
+
+    def watch_namespaces(
+        self, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
     def list_cluster_pages(
         self, plural: str
     ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]: ...
@@ -216,30 +222,25 @@ class GatewayKube:
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """ADDED / MODIFIED / DELETED / BOOKMARK events of a kind in every namespace, until the
         server-side timeout ends the watch; :class:`WatchExpired` on 410 Gone."""
-        watcher = watch.Watch()
+        events = _events(
+            self.kube.custom.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            plural,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            # Bookmarks move the resourceVersion on while nothing changes, so the next
+            # watch can resume from it instead of meeting 410 and listing everything again.
+            allow_watch_bookmarks=True,
+            _request_timeout=timeout_seconds + WATCH_SLACK,
+        )
         try:
-            async with watcher.stream(
-                self.kube.custom.list_cluster_custom_object,
-                GROUP,
-                VERSION,
-                plural,
-                resource_version=resource_version,
-                timeout_seconds=timeout_seconds,
-                # Bookmarks move the resourceVersion on while nothing changes, so the next
-                # watch can resume from it instead of meeting 410 and listing everything again.
-                allow_watch_bookmarks=True,
-                _request_timeout=timeout_seconds + WATCH_SLACK,
-            ) as stream:
-                async for event in stream:
-                    raw = event.get("raw_object")
-                    if isinstance(raw, dict):
-                        yield str(event.get("type")), raw
+            async for event in events:
+                yield event
         except ApiException as exc:
             if exc.status == 410:
                 raise WatchExpired(f"{plural} at {resource_version}: {exc.reason}") from exc
             raise
-        finally:
-            await watcher.close()
 
     # --- core ----------------------------------------------------------------------------------
 
@@ -258,26 +259,49 @@ class GatewayKube:
         items: list[dict[str, Any]] = list(listing.get("items") or [])
         return items, str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def watch_key_secrets(
+    def watch_key_secrets(
         self, namespace: str, resource_version: str, timeout_seconds: int
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """ADDED / MODIFIED / DELETED events until the server-side timeout ends the watch."""
-        watcher = watch.Watch()
-        try:
-            async with watcher.stream(
-                self.kube.core.list_namespaced_secret,
-                namespace,
-                label_selector=f"{KEY_LABEL}=true",
-                resource_version=resource_version,
-                timeout_seconds=timeout_seconds,
-                allow_watch_bookmarks=False,
-            ) as stream:
-                async for event in stream:
-                    raw = event.get("raw_object")
-                    if isinstance(raw, dict):
-                        yield str(event.get("type")), raw
-        finally:
-            await watcher.close()
+        return _events(
+            self.kube.core.list_namespaced_secret,
+            namespace,
+            label_selector=f"{KEY_LABEL}=true",
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=False,
+        )
+
+    async def list_namespaces(self) -> tuple[list[dict[str, Any]], str]:
+        return await self.kube.list_namespaces()
+
+    def watch_namespaces(
+        self, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """ADDED / MODIFIED / DELETED events of every namespace until the server-side timeout
+        ends the watch (a watch that went silent ends :data:`WATCH_SLACK` later)."""
+        return _events(
+            self.kube.core.list_namespace,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=False,
+            _request_timeout=timeout_seconds + WATCH_SLACK,
+        )
+
+
+async def _events(
+    list_call: Any, *args: Any, **kwargs: Any
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """``(type, object)`` of each event of a watch over ``list_call``."""
+    watcher = watch.Watch()
+    try:
+        async with watcher.stream(list_call, *args, **kwargs) as stream:
+            async for event in stream:
+                raw = event.get("raw_object")
+                if isinstance(raw, dict):
+                    yield str(event.get("type")), raw
+    finally:
+        await watcher.close()
 
 
 def _reason(exc: ApiException) -> str:

@@ -17,16 +17,18 @@ a client lists what it just created. Two rules keep those and the watch from und
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmbatch.api.openai import TERMINAL_STATUSES
+from llmbatch.background import stop, supervise
 from llmbatch.core.keys import ANNOTATION_ARCHIVED
+from llmbatch.gateway import metrics
 from llmbatch.gateway.archive import BatchArchive
+from llmbatch.gateway.archiveloader import ArchiveLoader
 from llmbatch.gateway.kube import KubeAPI, WatchExpired
 from llmbatch.gateway.listindex import Entry, ListIndex
 from llmbatch.gateway.mapping import (
@@ -154,7 +156,7 @@ class ListCache:
         namespace = _namespace(obj)
         if _stale(self.index.get(namespace, entry.id), entry.version):
             return  # e.g. the watch catching up on a change the gateway wrote through already
-        if kind == "DELETED" and entry.archived:
+        if kind == "DELETED" and entry.archived and self._of_tenant(namespace, obj):
             self.index.put(namespace, entry)  # moved to the archive: still listed
         elif kind == "DELETED":
             self._deleted.pop((namespace, entry.id), None)
@@ -179,6 +181,27 @@ class ListCache:
                 fresh[namespace, held.id] = held
         self.index.replace((namespace, entry) for (namespace, _), entry in fresh.items())
 
+    def adopt_archived(self, namespace: str, record: dict[str, Any]) -> None:
+        """An archived record read from the store (``gateway.archiveloader``): listed unless
+        the index holds its batch already (its live object, as new or newer) or the gateway
+        deleted it."""
+        entry = self.kind.entry(record)
+        if entry is None or self.index.get(namespace, entry.id) is not None:
+            return
+        if not self._deleted_here(namespace, entry.id):
+            self.index.put(namespace, entry)
+
+    def forget_archived(self, namespace: str) -> None:
+        """The namespace of that name went: what the archive gave its listing goes too (a later
+        namespace of the same name never sees it; its live objects go with their watch events)."""
+        for held_namespace, entry in list(self.index.items()):
+            if held_namespace == namespace and entry.archived:
+                self.index.remove(namespace, entry.id)
+
+    def _of_tenant(self, namespace: str, obj: dict[str, Any]) -> bool:
+        """Whether an object is of the namespace of that name now (``core.identity``)."""
+        return self.archive is None or self.archive.belongs(namespace, obj)
+
     def _deleted_here(self, namespace: str, ident: str) -> bool:
         when = self._deleted.get((namespace, ident))
         return when is not None and time.monotonic() - when < PENDING_DELETE_SECONDS
@@ -186,43 +209,21 @@ class ListCache:
     # --- the loop -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"list-cache-{self.kind.plural}")
+        self._task = supervise(f"list-{self.kind.plural}", self.run, metrics.TASK_RESTARTS)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop(self._task)
 
-    async def _run(self) -> None:
-        backoff = 0.5
+    async def run(self) -> None:
+        """List, follow the watch, list again, forever; a failure raises (the supervisor runs
+        it again after a backoff, the index serving the last listing meanwhile)."""
         while True:
             try:
-                if self.archive is not None and not self.synced:
-                    await self._load_archive()
                 version = await self._relist()
                 self.first_sync.set()
-                backoff = 0.5
                 await self._follow(version)
-            except asyncio.CancelledError:
-                raise
             except WatchExpired as exc:  # the normal way a long quiet watch ends: list again
                 log.info("%s watch expired (%s); listing again", self.kind.plural, exc)
-            except Exception as exc:  # keep serving the last listing; list again soon
-                log.warning(
-                    "%s list/watch failed (%s); retrying in %.1fs", self.kind.plural, exc, backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-
-    async def _load_archive(self) -> None:
-        """The archived records, before the first listing (which keeps them: a live object of
-        the same id, being archived, replaces its record)."""
-        assert self.archive is not None
-        for record in await self.archive.load():
-            entry = self.kind.entry(record)
-            if entry is not None:
-                self.index.put(_namespace(record), entry)
 
     async def _recover_archived(self, listed: list[tuple[str, Entry]]) -> None:
         """Finished entries the listing no longer has and whose move to the archive this
@@ -270,19 +271,28 @@ class ListCache:
 
 @dataclass
 class Listings:
-    """The gateway's two listing caches."""
+    """The gateway's two listing caches, and the archive's records in the batches' one."""
 
     batches: ListCache
     files: ListCache
+    archived: ArchiveLoader | None = None
+    """Puts the archived records into ``batches`` (None: no archive)."""
+    _loader: asyncio.Task[None] | None = field(default=None, init=False)
 
     @classmethod
     def of(
-        cls, kube: KubeAPI, resync_seconds: float, archive: BatchArchive | None = None
+        cls,
+        kube: KubeAPI,
+        resync_seconds: float,
+        archive: BatchArchive | None = None,
+        tenants_known: Callable[[], Awaitable[Any]] | None = None,
     ) -> Listings:
-        return cls(
-            ListCache(kube, BATCHES, resync_seconds, archive=archive),
-            ListCache(kube, FILES, resync_seconds),
-        )
+        """The caches; with an archive, its loader, which waits for ``tenants_known``."""
+        batches = ListCache(kube, BATCHES, resync_seconds, archive=archive)
+        loader = None
+        if archive is not None:
+            loader = ArchiveLoader(archive, batches, tenants_known or _nothing_to_wait_for)
+        return cls(batches, ListCache(kube, FILES, resync_seconds), loader)
 
     @property
     def synced(self) -> bool:
@@ -291,9 +301,27 @@ class Listings:
     def start(self) -> None:
         self.batches.start()
         self.files.start()
+        if self.archived is not None:
+            self._loader = supervise("archive-loader", self.archived.run, metrics.TASK_RESTARTS)
 
     async def wait_synced(self) -> None:
         await asyncio.gather(self.batches.first_sync.wait(), self.files.first_sync.wait())
 
+    async def ensure_archived(self, namespace: str) -> None:
+        """Return once ``namespace``'s archived batches are in its listing."""
+        if self.archived is not None:
+            await self.archived.ensure(namespace)
+
+    def forget(self, namespace: str) -> None:
+        """The namespace of that name went (``gateway.namespaces``)."""
+        self.batches.forget_archived(namespace)
+
     async def stop(self) -> None:
+        await stop(self._loader)
+        if self.archived is not None:
+            await self.archived.stop()
         await asyncio.gather(self.batches.stop(), self.files.stop())
+
+
+async def _nothing_to_wait_for() -> None:
+    return None

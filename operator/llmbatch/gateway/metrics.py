@@ -69,8 +69,22 @@ CREDITS_RESERVED = Counter(
 )
 AUTH_FAILURES = Counter(
     "llmbatch_gateway_auth_failures_total",
-    "Requests refused for a missing, unknown or insufficient key.",
+    "Requests refused for a missing, unknown or insufficient key, or a key whose tenant "
+    "namespace is gone (deleted, or another namespace of the same name), by reason.",
     ["reason"],
+    registry=REGISTRY,
+)
+TASK_RESTARTS = Counter(
+    "llmbatch_gateway_background_task_restarts_total",
+    "Background tasks of the gateway (the key, namespace and listing watches, the archive "
+    "loader) run again after they failed, by task.",
+    ["task"],
+    registry=REGISTRY,
+)
+ARCHIVE_UNREADABLE = Counter(
+    "llmbatch_gateway_archive_unreadable_records_total",
+    "Archived batch records the listing's archive loader could not read (a store error: read "
+    "again later; or not a record: left out), skipped while the rest load.",
     registry=REGISTRY,
 )
 API_KEYS = Gauge("llmbatch_gateway_api_keys", "API keys currently loaded.", registry=REGISTRY)

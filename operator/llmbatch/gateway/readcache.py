@@ -101,6 +101,12 @@ class ReadCache:
         """An object the gateway just wrote (or deleted: ``None``)."""
         self._remember((plural, namespace, name), obj)
 
+    def forget(self, namespace: str) -> None:
+        """The namespace of that name went: nothing read of it is answered again (a later
+        namespace of the same name is another tenant)."""
+        for key in [k for k in self._entries if k[1] == namespace]:
+            del self._entries[key]
+
     def _remember(self, key: Key, obj: dict[str, Any] | None) -> None:
         if self.ttl <= 0:
             return

@@ -416,14 +416,26 @@ class KubeClient:
         return None if meta is None else dict(meta.get("labels") or {})
 
     async def _namespace_meta(self, namespace: str) -> dict[str, Any] | None:
+        ns = await self.read_namespace(namespace)
+        if ns is None:
+            return None
+        meta: dict[str, Any] = ns.get("metadata") or {}
+        return meta
+
+    async def read_namespace(self, namespace: str) -> dict[str, Any] | None:
+        """The Namespace object; None when it does not exist."""
         try:
-            ns = await self.call_json(self.core.read_namespace, namespace)
+            return await self.call_json(self.core.read_namespace, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        meta: dict[str, Any] = ns.get("metadata") or {}
-        return meta
+
+    async def list_namespaces(self) -> tuple[list[dict[str, Any]], str]:
+        """Every Namespace, and the listing's resourceVersion."""
+        listing = await self.call_json(self.core.list_namespace)
+        items: list[dict[str, Any]] = list(listing.get("items") or [])
+        return items, str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
     # --- events and secrets --------------------------------------------------------------------
 

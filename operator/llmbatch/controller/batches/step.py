@@ -17,7 +17,7 @@ from llmbatch.api.resources import (
     ValidationError,
 )
 from llmbatch.controller import metrics
-from llmbatch.core import lifecycle
+from llmbatch.core import billing, lifecycle
 
 log = logging.getLogger("llmbatch.controller.batches")
 
@@ -48,11 +48,14 @@ class BatchView:
     generation: int | None
     spec: BatchSpec
     status: BatchStatus
+    credit_reserved: bool = False
+    """The gateway reserved its credit at creation (``core.billing.RESERVED_ANNOTATION``)."""
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> BatchView:
         meta = body["metadata"]
         stamp = meta.get("creationTimestamp")
+        annotations = meta.get("annotations") or {}
         return cls(
             namespace=meta["namespace"],
             name=meta["name"],
@@ -61,6 +64,7 @@ class BatchView:
             generation=meta.get("generation"),
             spec=BatchSpec.model_validate(body.get("spec") or {}),
             status=BatchStatus.model_validate(body.get("status") or {}),
+            credit_reserved=annotations.get(billing.RESERVED_ANNOTATION) == "true",
         )
 
     def after(self, step: Step) -> BatchView:

@@ -392,7 +392,9 @@ class Validation:
             created_at=int(self.clock()),
         )
         try:
-            hold = await self.credits.reserve(batch.namespace, entry)
+            hold = await self.credits.reserve(
+                batch.namespace, entry, reserved_at_creation=batch.credit_reserved
+            )
             if hold is not None and not hold.added:
                 wanted = billing.accepted_reservation(hold.entry, entry, spec, size, throughput)
                 if wanted != hold.entry:

@@ -148,28 +148,30 @@ class WebhookDispatcher:
     # --- the scheduler ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Start due jobs until cancelled."""
-        try:
-            while True:
-                now = self.clock()
-                while self._heap and self._heap[0][0] <= now:
-                    due, key = heapq.heappop(self._heap)
-                    if self._due.get(key) != due:
-                        continue  # superseded by an earlier wish, or forgotten
-                    del self._due[key]
-                    if key in self._running:
-                        self.schedule(key, now + 1.0)
-                        continue
-                    self._start(key)
-                wait = self._heap[0][0] - now if self._heap else None
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self.sender.close()
+        """Start due jobs until cancelled (run again after a failure: the heap and the jobs
+        stay as they were; :meth:`close` ends the jobs)."""
+        while True:
+            now = self.clock()
+            while self._heap and self._heap[0][0] <= now:
+                due, key = heapq.heappop(self._heap)
+                if self._due.get(key) != due:
+                    continue  # superseded by an earlier wish, or forgotten
+                del self._due[key]
+                if key in self._running:
+                    self.schedule(key, now + 1.0)
+                    continue
+                self._start(key)
+            wait = self._heap[0][0] - now if self._heap else None
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def close(self) -> None:
+        """Cancel the jobs and checks in flight and close the sender (the operator stops)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.sender.close()
 
     def _start(self, key: Key) -> None:
         self._running.add(key)

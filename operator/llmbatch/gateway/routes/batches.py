@@ -97,6 +97,7 @@ async def create_batch(
         estimated_tokens=admitted.estimate.tokens,
         idempotency_label=label,
         now_ns=time.time_ns(),
+        credit_reserved=admitted.reserved,
     )
     return json_response(batch_to_openai(await _create(gw, manifest, admitted, request, label)))
 
@@ -258,9 +259,11 @@ async def list_batches(
     after: Annotated[str | None, Query(max_length=256)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> Response:
-    """The tenant's batches, newest first: from the listing cache once it is synced."""
+    """The tenant's batches, newest first: from the listing cache once it is synced (with the
+    tenant's archived batches in it: read first if the archive's load has not reached them)."""
     try:
         if gw.lists.batches.synced:
+            await gw.lists.ensure_archived(who.namespace)
             page, more = gw.lists.batches.index.page_after(who.namespace, after, limit)
         else:
             page, more = await _listed_by_the_api(gw, who.namespace, after, limit)
