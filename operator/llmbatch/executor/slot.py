@@ -25,6 +25,8 @@ from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat, SlotSpec
 from llmbatch.core.slots import seats, slot_concurrency, start_order
 from llmbatch.executor.engines.base import Engine
+from llmbatch.executor.mediafetch import Fetchers
+from llmbatch.executor.mediagate import MediaGate
 from llmbatch.executor.runner import Outcome, ShardRunner
 from llmbatch.executor.sharedengine import BusyLedger, EngineGate, SharedEngine
 from llmbatch.storage.base import ObjectStore, StoreError
@@ -191,6 +193,7 @@ class Slot:
     def __post_init__(self) -> None:
         self.ledger = BusyLedger(self.clock)
         self.gate = EngineGate()
+        self.fetchers = Fetchers()
         self.ready_at_wall = self.wall()  # the slot is built once its engine is loaded
         self.started_at = self.process_started_at or self.ready_at_wall
         self.ready_at = self.clock()
@@ -225,6 +228,7 @@ class Slot:
             waiters[0].cancel()
             self._reap()
         await self._heartbeat(final=True)
+        await self.fetchers.close()
         return self._exit_outcome()
 
     def _exit_outcome(self) -> Outcome:
@@ -307,7 +311,7 @@ class Slot:
         engine = SharedEngine(self.engine, self.ledger, self.gate, ledger_key, on_record)
         runner = ShardRunner(
             spec,
-            engine,
+            MediaGate(engine, spec.engine.media, self.fetchers),
             store,
             input_store,
             fence=fence,
