@@ -29,7 +29,6 @@ from llmbatch.core.validation.media import (
     MODALITIES,
     MediaRules,
     MediaTally,
-    has_media,
     image_problem,
     media_problems,
 )
@@ -58,7 +57,6 @@ __all__ = [
     "ValidationResult",
     "check_request",
     "content_parts",
-    "has_media",
     "image_problem",
     "iter_lines",
     "media_problems",

@@ -100,11 +100,6 @@ def media_problems(
     return problems
 
 
-def has_media(body: dict[str, Any], endpoint: str) -> bool:
-    """Whether ``body`` holds an allowed media part (the executor's view of a valid row)."""
-    return bool(content_parts(body, endpoint)[0])
-
-
 def _too_many_images(part: MediaPart, most: int, line: int | None) -> InvalidLine:
     where = f"Line {line}: " if line else ""
     msg = f"{where}the request holds more than {most} images; send at most {most} per request."

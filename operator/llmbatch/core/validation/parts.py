@@ -172,7 +172,7 @@ def content_parts(
     shapes = SHAPES.get(endpoint)
     if shapes is None:
         return [], None
-    found: list[MediaPart] = []
+    walk = _Walk(shapes, endpoint, line)
     for field in CONVERSATION[endpoint]:
         value = body.get(field)
         if type(value) is list:
@@ -180,10 +180,10 @@ def content_parts(
                 continue
         elif type(value) is not dict:
             continue
-        problem = _walk(value, ("body", field), shapes, endpoint, found, line)
+        problem = walk.tree(value, ("body", field))
         if problem is not None:
-            return found, problem
-    return found, None
+            return walk.found, problem
+    return walk.found, None
 
 
 def _plain(items: list[Any]) -> bool:
@@ -207,103 +207,106 @@ def refused_parameter(body: dict[str, Any], line: int | None) -> InvalidLine | N
     """The first body field of :data:`REFUSED_PARAMETERS` the row sets (not null)."""
     for name, why in REFUSED_PARAMETERS.items():
         if body.get(name) is not None:
-            where = f"Line {line}: " if line else ""
-            msg = f"{where}body.{name} is not supported in a batch: {why}."
+            msg = f"{_where(line)}body.{name} is not supported in a batch: {why}."
             return InvalidLine(ErrorCode.UNSUPPORTED_PARAMETER, msg, line, f"body.{name}")
     return None
 
 
-def _walk(
-    root: Any,
-    path: Path,
-    shapes: dict[str, PartShape],
-    endpoint: str,
-    found: list[MediaPart],
-    line: int | None,
-) -> InvalidLine | None:
-    """Every dict and list under ``root``: content lists' elements are parts, checked against
-    ``shapes``; any other dict must hold no media field. Iterative: never a RecursionError."""
-    stack: list[tuple[Any, Path]] = [(root, path)]
-    while stack:
-        value, where = stack.pop()
-        if type(value) is list:
-            for i, child in enumerate(value):
-                if type(child) is dict or type(child) is list:
-                    stack.append((child, (*where, i)))
-            continue
-        if not MEDIA_FIELDS.isdisjoint(value):
-            key = next(k for k in value if k in MEDIA_FIELDS)
-            return _refused(line, where, f"holds {key!r} outside a content part")
-        for key, child in value.items():
-            kind = type(child)
-            if kind is list and key == "content":
-                problem = _parts(child, (*where, key), shapes, endpoint, found, line)
+class _Walk:
+    """One body's conversation walked against its endpoint's ``shapes``; the media parts it
+    finds are collected in ``found``."""
+
+    def __init__(self, shapes: dict[str, PartShape], endpoint: str, line: int | None) -> None:
+        self.shapes = shapes
+        self.endpoint = endpoint
+        self.line = line
+        self.found: list[MediaPart] = []
+
+    def tree(self, root: Any, path: Path) -> InvalidLine | None:
+        """Every dict and list under ``root``: content lists' elements are parts; any other
+        dict must hold no media field. Iterative: never a RecursionError."""
+        stack: list[tuple[Any, Path]] = [(root, path)]
+        while stack:
+            value, where = stack.pop()
+            if type(value) is list:
+                for i, child in enumerate(value):
+                    if type(child) is dict or type(child) is list:
+                        stack.append((child, (*where, i)))
+                continue
+            if not MEDIA_FIELDS.isdisjoint(value):
+                key = next(k for k in value if k in MEDIA_FIELDS)
+                return self.refused(where, f"holds {key!r} outside a content part")
+            for key, child in value.items():
+                kind = type(child)
+                if kind is list and key == "content":
+                    problem = self.parts(child, (*where, key))
+                    if problem is not None:
+                        return problem
+                elif kind is dict or kind is list:
+                    stack.append((child, (*where, key)))
+        return None
+
+    def parts(self, content: list[Any], path: Path) -> InvalidLine | None:
+        """Each element of a content list: a string, or a part of an allowed shape."""
+        for j, part in enumerate(content):
+            if type(part) is str:
+                continue  # a plain string is a text part
+            if type(part) is not dict:
+                return self.refused((*path, j), "is neither a string nor a content part object")
+            kind = part.get("type")
+            shape = self.shapes.get(kind) if type(kind) is str else None
+            if shape is None:
+                return self.refused((*path, j), _unknown(kind, self.shapes, self.endpoint))
+            if not shape.fields.issuperset(part):
+                extra = next(key for key in part if key not in shape.fields)
+                what = f"has the field {extra!r}, which a {kind} part does not take"
+                return self.refused((*path, j), what)
+            if shape.modality is not None:
+                problem = self.media(part, str(kind), shape, param_of((*path, j)))
                 if problem is not None:
                     return problem
-            elif kind is dict or kind is list:
-                stack.append((child, (*where, key)))
-    return None
-
-
-def _parts(
-    content: list[Any],
-    path: Path,
-    shapes: dict[str, PartShape],
-    endpoint: str,
-    found: list[MediaPart],
-    line: int | None,
-) -> InvalidLine | None:
-    for j, part in enumerate(content):
-        if type(part) is str:
-            continue  # a plain string is a text part
-        if type(part) is not dict:
-            return _refused(line, (*path, j), "is neither a string nor a content part object")
-        kind = part.get("type")
-        shape = shapes.get(kind) if type(kind) is str else None
-        if shape is None:
-            return _refused(line, (*path, j), _unknown(kind, shapes, endpoint))
-        if not shape.fields.issuperset(part):
-            extra = next(key for key in part if key not in shape.fields)
-            what = f"has the field {extra!r}, which a {kind} part does not take"
-            return _refused(line, (*path, j), what)
-        if shape.modality is not None:
-            problem = _media(part, str(kind), shape, param_of((*path, j)), found, line)
-            if problem is not None:
-                return problem
-    return None
-
-
-def _media(
-    part: dict[str, Any],
-    kind: str,
-    shape: PartShape,
-    param: str,
-    found: list[MediaPart],
-    line: int | None,
-) -> InvalidLine | None:
-    """Record the media part ``part`` (its fields are allowed), or why its media field is bad."""
-    assert shape.modality is not None
-    if kind == "input_image" and part.get("file_id") is not None and part.get("image_url") is None:
-        found.append(MediaPart("image", f"{param}.file_id", part, "file_id", "file"))
         return None
-    if shape.inner is None:
-        found.append(MediaPart(shape.modality, f"{param}.{shape.field}", part, shape.field, "url"))
-        return None
-    inner = part.get(shape.field)
-    if type(inner) is not dict:
-        msg = f"{_where(line)}{param}.{shape.field} must be an object."
-        return InvalidLine(ErrorCode.INVALID_MEDIA, msg, line, param)
-    if not shape.inner.issuperset(inner):
-        extra = next(key for key in inner if key not in shape.inner)
-        msg = (
-            f"{_where(line)}{param}.{shape.field} has the field {extra!r}, which it does not take."
+
+    def media(
+        self, part: dict[str, Any], kind: str, shape: PartShape, param: str
+    ) -> InvalidLine | None:
+        """Record the media part ``part`` (its fields are allowed), or why its media field is
+        bad."""
+        assert shape.modality is not None
+        line, found = self.line, self.found
+        by_file = part.get("file_id") is not None and part.get("image_url") is None
+        if kind == "input_image" and by_file:
+            found.append(MediaPart("image", f"{param}.file_id", part, "file_id", "file"))
+            return None
+        if shape.inner is None:
+            found.append(
+                MediaPart(shape.modality, f"{param}.{shape.field}", part, shape.field, "url")
+            )
+            return None
+        inner = part.get(shape.field)
+        if type(inner) is not dict:
+            msg = f"{_where(line)}{param}.{shape.field} must be an object."
+            return InvalidLine(ErrorCode.INVALID_MEDIA, msg, line, param)
+        if not shape.inner.issuperset(inner):
+            extra = next(key for key in inner if key not in shape.inner)
+            msg = (
+                f"{_where(line)}{param}.{shape.field} has the field {extra!r}, not one of its own."
+            )
+            return InvalidLine(ErrorCode.UNSUPPORTED_CONTENT_PART, msg, line, param)
+        key = "url" if shape.source == "url" else "data"
+        found.append(
+            MediaPart(shape.modality, f"{param}.{shape.field}.{key}", inner, key, shape.source)
         )
-        return InvalidLine(ErrorCode.UNSUPPORTED_CONTENT_PART, msg, line, param)
-    key = "url" if shape.source == "url" else "data"
-    found.append(
-        MediaPart(shape.modality, f"{param}.{shape.field}.{key}", inner, key, shape.source)
-    )
-    return None
+        return None
+
+    def refused(self, where: Path, what: str) -> InvalidLine:
+        param = param_of(where)
+        return InvalidLine(
+            ErrorCode.UNSUPPORTED_CONTENT_PART,
+            f"{_where(self.line)}{param} {what}.",
+            self.line,
+            param,
+        )
 
 
 def _unknown(kind: Any, shapes: dict[str, PartShape], endpoint: str) -> str:
@@ -318,10 +321,3 @@ def _unknown(kind: Any, shapes: dict[str, PartShape], endpoint: str) -> str:
 
 def _where(line: int | None) -> str:
     return f"Line {line}: " if line else ""
-
-
-def _refused(line: int | None, where: Path, what: str) -> InvalidLine:
-    param = param_of(where)
-    return InvalidLine(
-        ErrorCode.UNSUPPORTED_CONTENT_PART, f"{_where(line)}{param} {what}.", line, param
-    )
