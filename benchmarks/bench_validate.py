@@ -5,7 +5,10 @@ Generates a 200 MB / 50,000-line chat file (cached in benchmarks/.data), then, m
 prints our streaming validator's MB/s, the bare parse loop's MB/s, their ratio, and the validator's
 peak RSS on that file and on a file a tenth the size (each measured in a fresh child process).
 
-    .venv/bin/python benchmarks/bench_validate.py [--runs 5] [--lines 50000] [--mb 200]
+    .venv/bin/python benchmarks/bench_validate.py [--runs 5] [--lines 50000] [--mb 200] [--parts]
+
+``--parts`` gives each user message's content as a list of one text part (the shape whose
+every part the media allow-list checks) instead of a string.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ ENDPOINT = "/v1/chat/completions"
 CHUNK = 1 << 20
 
 
-def make_file(lines: int, total_mb: int) -> pathlib.Path:
-    path = DATA / f"chat-{lines}-{total_mb}mb.jsonl"
+def make_file(lines: int, total_mb: int, parts: bool = False) -> pathlib.Path:
+    shape = "-parts" if parts else ""
+    path = DATA / f"chat-{lines}-{total_mb}mb{shape}.jsonl"
     if path.exists():
         return path
     DATA.mkdir(parents=True, exist_ok=True)
@@ -55,7 +59,9 @@ def make_file(lines: int, total_mb: int) -> pathlib.Path:
     with tmp.open("w", encoding="utf-8") as out:
         for i in range(lines):
             skeleton["custom_id"] = f"request-{i}"
-            skeleton["body"]["messages"][1]["content"] = words[: per_line - overhead]  # type: ignore[index]
+            text = words[: per_line - overhead - (28 if parts else 0)]
+            content = [{"type": "text", "text": text}] if parts else text
+            skeleton["body"]["messages"][1]["content"] = content  # type: ignore[index]
             out.write(json.dumps(skeleton) + "\n")
     tmp.rename(path)
     return path
@@ -102,9 +108,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--parts", action="store_true", help="content as a list of text parts")
     args = parser.parse_args()
-    path = make_file(args.lines, args.mb)
-    small = make_file(args.lines // 10, args.mb // 10)
+    path = make_file(args.lines, args.mb, args.parts)
+    small = make_file(args.lines // 10, args.mb // 10, args.parts)
     size_mb = path.stat().st_size / 1e6
     ours, bare = [], []
     for _ in range(args.runs):  # interleaved so machine noise hits both alike

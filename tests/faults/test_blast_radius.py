@@ -1,7 +1,10 @@
 """Blast radius on a shared slot (#31): two tenants' batches run on the one slot of a pool, a
 fault is injected into one of them only — store errors on its keys, its lease stolen, one of
-its requests crashing the engine — and the other tenant's batch must complete with exact lines
-and **no attempt counted** (its shards' ``reruns`` stay 0), every time.
+its requests crashing the engine, hostile media lines (every shape vLLM would read media from
+that is not an allowed part, sent at upload, inline and as a kubectl Batch: each must be
+refused, never reach a shard) — and the other tenant's batch must complete with exact lines and
+**no attempt counted** (its shards' ``reruns`` stay 0), every time. The hostile media run once
+in every session whatever the draw (``test_hostile_media_lines_cost_the_other_tenant_nothing``).
 
 ``LLMBATCH_BLAST_ITERATIONS`` (default 3, as ``make test`` runs it; ``make soak`` runs more)
 and ``LLMBATCH_BLAST_SEED`` (default: random, printed) choose the run; a failure prints the
@@ -22,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -34,14 +38,18 @@ from tests.faults.invariants import TERMINAL, check_batch, lines
 from tests.fixtures.cluster import kubectl
 from tests.fixtures.gateway import wait_for_key
 from tests.fixtures.operator import WORKER_NAMESPACE, simulated_pool
+from tests.fixtures.pictures import HOSTILE_PARTS, escape_image_url_key
 
 ITERATIONS = int(os.environ.get("LLMBATCH_BLAST_ITERATIONS", "3"))
 SEED = int(os.environ.get("LLMBATCH_BLAST_SEED") or random.SystemRandom().randrange(1 << 30))
 POOL = "faults-shared"
 MODEL = "shared-model"
 POISON = "poison-"
+CHAT = "/v1/chat/completions"
+HOSTILE_CODES = {"unsupported_content_part", "unsupported_modality"}
+"""What a hostile media line of a text-only model's row is refused with."""
 BATCH_TIMEOUT = 240.0
-FAULTS = ("store-errors", "lease-stolen", "poison-request")
+FAULTS = ("store-errors", "lease-stolen", "poison-request", "hostile-media")
 
 
 @pytest.fixture(scope="module")
@@ -164,16 +172,87 @@ def _inject(stack: FaultStack, fault: str, namespace: str, uid: str) -> str:
         return "armed"
     if fault == "lease-stolen":
         return "stolen" if _steal_lease(stack, namespace, uid) else "no granted lease to steal"
+    if fault == "hostile-media":
+        return _hostile_media(stack, namespace)
     return "a request of the victim crashes the engine"
+
+
+def _hostile_line(shape: str) -> bytes:
+    part = HOSTILE_PARTS[shape]
+    content = [{"type": "text", "text": "describe"}, part]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+    row = {"custom_id": f"h-{shape}", "method": "POST", "url": CHAT, "body": body}
+    line = json.dumps(row)
+    return (escape_image_url_key(line) if shape == "escaped-key" else line).encode()
+
+
+def _hostile_media(stack: FaultStack, namespace: str) -> str:
+    """The victim sends each hostile media shape every way it can while its batch runs beside
+    the bystander's: every one must be refused (400 at upload and at inline creation, a kubectl
+    Batch failed at validation with no shard); what got through is returned for the report."""
+    through: list[str] = []
+    auth = {"Authorization": f"Bearer {stack.key}"}
+    base = stack.gateway.base_url + "/v1"
+    for shape in sorted(HOSTILE_PARTS):
+        line = _hostile_line(shape)
+        files = {"file": ("hostile.jsonl", line + b"\n"), "purpose": (None, "batch")}
+        upload = httpx.post(f"{base}/files", files=files, headers=auth, timeout=30)
+        inline = b'{"endpoint": "%s", "completion_window": "24h", "requests": [%s]}' % (
+            CHAT.encode(),
+            line,
+        )
+        created = httpx.post(
+            f"{base}/batches",
+            content=inline,
+            headers={**auth, "Content-Type": "application/json"},
+            timeout=30,
+        )
+        for way, answer in (("upload", upload), ("inline", created)):
+            code = answer.json().get("error", {}).get("code") if answer.status_code == 400 else None
+            if code not in HOSTILE_CODES:
+                through.append(f"{way} {shape}: {answer.status_code} {code}")
+    name = f"batch-{uuid.uuid4().hex[:24]}"
+    requests = [
+        {"customID": row["custom_id"], "method": "POST", "url": CHAT, "body": row["body"]}
+        for row in (json.loads(_hostile_line(shape)) for shape in sorted(HOSTILE_PARTS))
+    ]
+    manifest = {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "Batch",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"endpoint": CHAT, "completionWindow": "24h", "requests": requests},
+    }
+    kubectl(pathlib.Path(stack.kubeconfig), "apply", "-f", "-", input=json.dumps(manifest))
+    status: dict[str, Any] = {}
+    deadline = time.monotonic() + 60
+    while status.get("status") not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(0.5)
+        status = stack.get_json("batch", name, "-n", namespace).get("status") or {}
+    codes = [e.get("code") for e in status.get("errors") or []]
+    refused = len(codes) == len(HOSTILE_PARTS) and set(codes) <= HOSTILE_CODES
+    if status.get("status") != "failed" or not refused or status.get("shards"):
+        through.append(f"kubectl batch: {status.get('status')} {codes}")
+    return "refused everywhere" if not through else "got through: " + "; ".join(through)
 
 
 @pytest.mark.parametrize("iteration", range(ITERATIONS))
 def test_a_fault_of_one_tenant_costs_the_other_nothing(
     shared: tuple[FaultStack, str, str], iteration: int
 ) -> None:
-    stack, other_ns, other_key = shared
     rng = random.Random(f"{SEED}/{iteration}")
-    fault = rng.choice(FAULTS)
+    _blast(shared, iteration, rng.choice(FAULTS), rng)
+
+
+def test_hostile_media_lines_cost_the_other_tenant_nothing(
+    shared: tuple[FaultStack, str, str],
+) -> None:
+    _blast(shared, -1, "hostile-media", random.Random(f"{SEED}/hostile-media"))
+
+
+def _blast(
+    shared: tuple[FaultStack, str, str], iteration: int, fault: str, rng: random.Random
+) -> None:
+    stack, other_ns, other_key = shared
     victim, bystander = _client(stack, stack.key), _client(stack, other_key)
     tag = uuid.uuid4().hex[:6]
     victim_ids = [f"v{tag}-{i}" for i in range(rng.randint(6, 12))]
@@ -216,6 +295,8 @@ def test_a_fault_of_one_tenant_costs_the_other_nothing(
         found.append(f"{attempts} attempts charged to the bystander's shards")
     if not result or result[0] in ("no granted lease to steal",) or "never" in result[0]:
         found.append(f"the fault did not land: {result}")
+    if fault == "hostile-media" and result and result[0] != "refused everywhere":
+        found.append(f"hostile media: {result[0]}")
     vic_status = _status(stack, stack.tenant, vic_batch)
     vic_errors = _lines(victim, vic_end.error_file_id)
     if fault == "poison-request":

@@ -316,6 +316,67 @@ def test_network_policies_confine_every_component(uri: str, ports: set[int]) -> 
     ]
 
 
+NON_PUBLIC_V4 = {
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "127.0.0.0/8",
+}
+NON_PUBLIC_V6 = {"fc00::/7", "fe80::/10", "::1/128"}
+
+
+def _public_only(peers: list[dict[str, Any]]) -> bool:
+    """Whether ``peers`` are every address but the private, shared, link-local, loopback and
+    unique-local ranges (the chart's default for the store and for remote media)."""
+    blocks = {p["ipBlock"]["cidr"]: set(p["ipBlock"]["except"]) for p in peers}
+    return blocks == {"0.0.0.0/0": NON_PUBLIC_V4, "::/0": NON_PUBLIC_V6}
+
+
+def test_default_egress_to_the_store_and_remote_media_reaches_public_addresses_only() -> None:
+    objects = render(sets=("remoteMedia.enabled=true",))
+    executors = _find(objects, "NetworkPolicy", "llmbatch-executors")
+    dns, store, media = executors["spec"]["egress"]
+    assert "ipBlock" not in json.dumps(dns)
+    assert _public_only(store["to"])
+    assert _public_only(media["to"])
+    for name in ("llmbatch-operator", "llmbatch-gateway"):
+        assert _public_only(_find(objects, "NetworkPolicy", name)["spec"]["egress"][1]["to"])
+    # peers given: exactly those
+    minio = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "minio"}}}
+    given = render(
+        sets=(
+            "remoteMedia.enabled=true",
+            "networkPolicy.store.to[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=minio",
+            "remoteMedia.to[0].ipBlock.cidr=203.0.113.0/24",
+        )
+    )
+    egress = _find(given, "NetworkPolicy", "llmbatch-executors")["spec"]["egress"]
+    assert egress[1]["to"] == [minio]
+    assert egress[2]["to"] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
+
+
+def test_remote_media_settings_reach_the_operator() -> None:
+    objects = render(
+        sets=(
+            "remoteMedia.enabled=true",
+            "remoteMedia.maxBytes=1048576",
+            "remoteMedia.timeoutSeconds=7",
+            "remoteMedia.allowedNetworks={10.1.0.0/16,fd00::/8}",
+        )
+    )
+    operator = _find(objects, "Deployment", "llmbatch-operator")
+    env = {
+        e["name"]: e.get("value")
+        for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["LLMBATCH_REMOTE_MEDIA"] == "true"
+    assert env["LLMBATCH_REMOTE_MEDIA_MAX_BYTES"] == "1048576"
+    assert env["LLMBATCH_REMOTE_MEDIA_TIMEOUT"] == "7"
+    assert env["LLMBATCH_REMOTE_MEDIA_ALLOWED_NETWORKS"] == "10.1.0.0/16,fd00::/8"
+
+
 def test_ingress_with_a_cert_manager_certificate() -> None:
     sets = (
         "gateway.ingress.enabled=true",

@@ -6,6 +6,10 @@ batch at creation, a kubectl Batch when it is validated; nothing is stored, queu
 A vision model's image rows run (on the simulated engine here; tests/e2e serves them through
 real vLLM), estimated by the image rule rather than their base64 as text. ``/v1/models`` lists
 each model's modalities. Remote media URLs are refused unless the platform allows them.
+
+Every shape vLLM would read media from that is not an allowed part — a key spelled with a JSON
+escape, a part with no ``type``, a ``video_url`` — is refused the same three ways, and a
+decompression bomb is refused at upload by its header.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pathlib
 import uuid
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -23,6 +28,13 @@ from llmbatch.core.billing import ESTIMATE_IMAGE_TOKENS
 from llmbatch.core.ids import batch_object_name
 from tests.fixtures.gateway import GatewayProcess
 from tests.fixtures.operator import ClusterCLI, OperatorProcess, catalog_pool
+from tests.fixtures.pictures import (
+    HOSTILE_PARTS,
+    data_url,
+    escape_image_url_key,
+    picture,
+    png_bomb,
+)
 from tests.integration.test_operator import (
     _POOLS,
     _delete_pools,  # noqa: F401  (autouse: each test's pools are deleted)
@@ -32,8 +44,15 @@ from tests.integration.test_operator import (
 
 pytestmark = pytest.mark.timeout(600)
 CHAT = "/v1/chat/completions"
-PHOTO = "data:image/png;base64," + base64.b64encode(bytes(90_000)).decode()
+PHOTO = data_url(picture("PNG", 64, 48) + bytes(90_000))
 """A 90 kB image: 40,000 estimated tokens as text, one image by the image rule."""
+HOSTILE_CODES = {
+    "escaped-key": ("unsupported_modality", ".image_url.url"),
+    "typeless": ("unsupported_content_part", ""),
+    "video": ("unsupported_content_part", ""),
+}
+"""What each hostile shape in ``messages[0].content[1]`` of a text-only model's row is refused
+with: its code, and the param's end after the part's place."""
 AUDIO = base64.b64encode(b"RIFF" + bytes(32_000)).decode()
 
 
@@ -64,6 +83,27 @@ def _image(url: str = PHOTO) -> dict[str, Any]:
 
 def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def _kubectl_batch(
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    namespace: str,
+    tmp_path: pathlib.Path,
+    rows: list[dict[str, Any]],
+    until: set[str],
+) -> dict[str, Any]:
+    """A Batch of inline ``rows`` applied with kubectl: its status once in one of ``until``."""
+    name = f"batch-{uuid.uuid4().hex[:24]}"
+    requests = [
+        {"customID": r["custom_id"], "method": "POST", "url": r["url"], "body": r["body"]}
+        for r in rows
+    ]
+    spec = {"endpoint": CHAT, "completionWindow": "24h", "requests": requests}
+    manifest = {"apiVersion": "llmbatch.io/v1alpha1", "kind": "Batch", "spec": spec}
+    apply(cluster, tmp_path, {**manifest, "metadata": {"name": name, "namespace": namespace}})
+    status: dict[str, Any] = wait_status(cluster, operator_process, namespace, name, until)
+    return status["status"]  # type: ignore[no-any-return]
 
 
 def _refusal(err: pytest.ExceptionInfo[openai.BadRequestError]) -> tuple[Any, Any, str]:
@@ -166,15 +206,95 @@ def test_a_kubectl_batch_with_an_image_row_for_a_text_only_model_fails_validatio
 ) -> None:
     namespace, _ = tenant
     text, _ = models
-    name = f"batch-{uuid.uuid4().hex[:24]}"
-    requests = [
-        {"customID": r["custom_id"], "method": "POST", "url": r["url"], "body": r["body"]}
-        for r in (_row(0, text), _row(1, text, _image()))
-    ]
-    spec = {"endpoint": CHAT, "completionWindow": "24h", "requests": requests}
-    manifest = {"apiVersion": "llmbatch.io/v1alpha1", "kind": "Batch", "spec": spec}
-    apply(cluster, tmp_path, {**manifest, "metadata": {"name": name, "namespace": namespace}})
-    failed = wait_status(cluster, operator_process, namespace, name, {"failed"})["status"]
+    rows = [_row(0, text), _row(1, text, _image())]
+    failed = _kubectl_batch(cluster, operator_process, namespace, tmp_path, rows, {"failed"})
     assert [(e["code"], e.get("line"), e.get("param")) for e in failed["errors"]] == [
         ("unsupported_modality", 2, "body.messages[0].content[1].image_url.url")
     ]
+
+
+def _hostile_line(i: int, model: str, shape: str) -> bytes:
+    line = json.dumps(_row(i, model, HOSTILE_PARTS[shape]))
+    return (escape_image_url_key(line) if shape == "escaped-key" else line).encode() + b"\n"
+
+
+@pytest.mark.parametrize("shape", sorted(HOSTILE_PARTS))
+def test_a_hostile_media_shape_is_refused_at_upload(
+    tenant: tuple[str, openai.OpenAI], models: tuple[str, str], shape: str
+) -> None:
+    _, client = tenant
+    text, _ = models
+    data = _jsonl([_row(0, text)]) + _hostile_line(1, text, shape)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.files.create(file=("hostile.jsonl", data), purpose="batch")
+    code, param, message = _refusal(err)
+    expected_code, tail = HOSTILE_CODES[shape]
+    assert (code, param) == (expected_code, "body.messages[0].content[1]" + tail)
+    assert message.startswith("Line 2: ")
+    assert client.files.list().data == []  # nothing stored
+
+
+def test_hostile_media_shapes_are_refused_at_inline_creation(
+    tenant: tuple[str, openai.OpenAI], models: tuple[str, str], gateway: GatewayProcess
+) -> None:
+    namespace, client = tenant
+    text, _ = models
+    for shape in sorted(HOSTILE_PARTS):
+        # the request body as sent on the wire: the escaped key reaches the gateway escaped
+        raw = b'{"endpoint": "/v1/chat/completions", "completion_window": "24h", "requests": ['
+        raw += _hostile_line(0, text, shape).rstrip(b"\n") + b"]}"
+        answer = httpx.post(
+            f"{client.base_url}batches",
+            content=raw,
+            headers={
+                "Authorization": f"Bearer {client.api_key}",
+                "Content-Type": "application/json",
+            },
+            timeout=30,
+        )
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        expected_code, tail = HOSTILE_CODES[shape]
+        assert (error["code"], error["param"]) == (
+            expected_code,
+            "requests[0].body.messages[0].content[1]" + tail,
+        ), shape
+    listed = gateway.kubectl("get", "batches", "-n", namespace, "-o", "name")
+    assert listed.strip() == ""  # nothing queued
+
+
+def test_a_kubectl_batch_with_hostile_media_shapes_fails_validation(
+    cluster: ClusterCLI,
+    operator_process: OperatorProcess,
+    tenant: tuple[str, openai.OpenAI],
+    models: tuple[str, str],
+    tmp_path: pathlib.Path,
+) -> None:
+    namespace, _ = tenant
+    text, _ = models
+    rows = [json.loads(_hostile_line(i, text, s)) for i, s in enumerate(sorted(HOSTILE_PARTS))]
+    failed = _kubectl_batch(
+        cluster, operator_process, namespace, tmp_path, [_row(9, text), *rows], {"failed"}
+    )
+    part = "body.messages[0].content[1]"
+    assert [(e["code"], e.get("line"), e.get("param")) for e in failed["errors"]] == [
+        (HOSTILE_CODES[shape][0], line, part + HOSTILE_CODES[shape][1])
+        for line, shape in enumerate(sorted(HOSTILE_PARTS), start=2)
+    ]
+
+
+def test_a_decompression_bomb_is_refused_at_upload(
+    tenant: tuple[str, openai.OpenAI], models: tuple[str, str]
+) -> None:
+    _, client = tenant
+    _, vision = models
+    bomb = _row(1, vision, _image(data_url(png_bomb())))
+    with pytest.raises(openai.BadRequestError) as err:
+        client.files.create(
+            file=("bomb.jsonl", _jsonl([_row(0, vision, _image()), bomb])), purpose="batch"
+        )
+    code, param, message = _refusal(err)
+    assert (code, param) == ("image_too_large", "body.messages[0].content[1].image_url.url")
+    assert "13376 x 13376 PNG image" in message
+    assert message.startswith("Line 2: ")
+    assert client.files.list().data == []

@@ -123,3 +123,19 @@ def test_model_cache_and_shared_memory_volumes() -> None:
     assert mounts["dshm"]["mountPath"] == "/dev/shm"
     plain = job()["spec"]["template"]["spec"]
     assert [v["name"] for v in plain["volumes"]] == ["tmp"]
+
+
+def test_a_slot_pod_has_a_memory_limit_unless_its_pool_says_none() -> None:
+    """An out-of-memory kill ends one slot process, not the node's others (docs/executor.md)."""
+    resources = job()["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["memory"] == resources["requests"]["memory"] == "24Gi"
+    unlimited = POOL.model_copy(
+        update={"executor": POOL.executor.model_copy(update={"memory": None})}
+    )
+    resources = job(pool=unlimited)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert "memory" not in resources["limits"]
+    sized = BatchPoolSpec.model_validate(
+        {**POOL.model_dump(by_alias=True), "executor": {"memory": "64Gi"}}
+    )
+    resources = job(pool=sized)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["memory"] == "64Gi"

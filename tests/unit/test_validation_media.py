@@ -1,5 +1,6 @@
 """Image and audio parts of a row: checked against the model's input modalities and the
-platform's egress, tallied for the estimate (``llmbatch.core.validation.media``)."""
+platform's egress, tallied for the estimate (``llmbatch.core.validation.media``). The allow-list
+of part shapes and image headers have their own tests (test_validation_parts.py)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ from llmbatch.core.validation import (
     MediaRules,
     MediaTally,
     ValidationLimits,
-    has_media_hint,
     media_problems,
     validate_stream,
 )
+from tests.fixtures.pictures import picture
 
 CHAT = "/v1/chat/completions"
-PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(3000)).decode()
+PNG = base64.b64encode(picture("PNG", 40, 30) + bytes(3000)).decode()
 WAV = base64.b64encode(b"RIFF" + bytes(32_000)).decode()
 TEXT_ONLY = MediaRules(modalities=frozenset({"text"}), remote=False)
 VISION = MediaRules(modalities=frozenset({"text", "image"}), remote=False)
@@ -58,7 +59,7 @@ def test_an_image_row_for_a_text_only_model_is_refused_naming_the_line_and_part(
 
 
 def test_a_vision_model_takes_data_url_images_and_they_are_tallied_not_read_as_text() -> None:
-    photo = base64.b64encode(bytes(300_000)).decode()  # a 300 kB photo: 100k "tokens" as text
+    photo = base64.b64encode(picture("PNG", 64, 64) + bytes(300_000)).decode()  # 300 kB
     url = f"data:image/png;base64,{photo}"
     verdict = _validate([_chat(0, _image(url)), _chat(1, _image(url), _image(url))], VISION)
     assert verdict.ok, verdict.errors
@@ -129,10 +130,7 @@ def test_responses_rows_carry_images_as_input_image_parts() -> None:
     assert [e.param for e in text_only.errors] == ["body.input[0].content[1].image_url"]
 
 
-def test_rows_without_a_media_hint_are_not_scanned_and_text_rows_pass_any_rules() -> None:
-    plain = json.dumps(_chat(0)).encode()
-    assert not has_media_hint(plain)
-    assert has_media_hint(json.dumps(_chat(0, _image("x"))).encode())
+def test_text_rows_pass_any_rules() -> None:
     verdict = _validate([_chat(0), _chat(1)], TEXT_ONLY)
     assert verdict.ok
     assert verdict.media.empty
@@ -155,8 +153,9 @@ def test_the_pool_model_declares_its_modalities_text_by_default() -> None:
             ]
         }
     )
-    assert media_rules(spec, "plain", False) == MediaRules(frozenset({"text"}), False)
-    assert media_rules(spec, "vlm", True) == MediaRules(frozenset({"text", "image"}), True)
+    caps = {"max_image_pixels": 4096 * 4096, "max_images": 16}
+    assert media_rules(spec, "plain", False) == MediaRules(frozenset({"text"}), False, **caps)
+    assert media_rules(spec, "vlm", True) == MediaRules(frozenset({"text", "image"}), True, **caps)
     assert media_rules(spec, "other", False).modalities is None
     with pytest.raises(ValueError, match=r"inputModalities|input_modalities"):
         BatchPoolSpec.model_validate(

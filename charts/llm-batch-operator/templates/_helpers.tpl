@@ -199,12 +199,30 @@ true
 {{- toYaml (list $rule) }}
 {{- end }}
 
+{{/* NetworkPolicy peers: PEERS when set, else every public address (include with (list $
+     PEERS)): 0.0.0.0/0 and ::/0 except networkPolicy.nonPublic, so an empty list never opens
+     the cluster's own networks, the node's metadata service or loopback. */}}
+{{- define "llm-batch-operator.peersOrPublic" -}}
+{{- $peers := index . 1 -}}
+{{- if $peers -}}
+{{- toJson $peers -}}
+{{- else -}}
+{{- $v4 := list -}}
+{{- $v6 := list -}}
+{{- range (index . 0).Values.networkPolicy.nonPublic -}}
+{{- if contains ":" . }}{{ $v6 = append $v6 . }}{{ else }}{{ $v4 = append $v4 . }}{{ end -}}
+{{- end -}}
+{{- toJson (list (dict "ipBlock" (dict "cidr" "0.0.0.0/0" "except" $v4)) (dict "ipBlock" (dict "cidr" "::/0" "except" $v6))) -}}
+{{- end -}}
+{{- end }}
+
 {{/* NetworkPolicy egress of every component: DNS and the object store (include with
      (list $ STORE_PORTS)). */}}
 {{- define "llm-batch-operator.egressDnsAndStore" -}}
 {{- $np := (index . 0).Values.networkPolicy -}}
+{{- $store := include "llm-batch-operator.peersOrPublic" (list (index . 0) $np.store.to) | fromJsonArray -}}
 {{ include "llm-batch-operator.policyRule" (list "to" $np.dnsTo (list 53) (list 53)) }}
-{{ include "llm-batch-operator.policyRule" (list "to" $np.store.to (index . 1)) }}
+{{ include "llm-batch-operator.policyRule" (list "to" $store (index . 1)) }}
 {{- end }}
 
 {{/* NetworkPolicy egress to the Kubernetes API server. */}}

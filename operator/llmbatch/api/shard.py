@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmbatch.api.openai import Endpoint
 from llmbatch.api.resources import Tier
+from llmbatch.api.resources.pool import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES_PER_REQUEST
 
 EngineName = Literal["vllm", "simulated"]
 
@@ -44,6 +45,54 @@ class ModelRef(BaseModel):
     )
 
 
+class RemoteMedia(BaseModel):
+    """How the executor fetches an http(s) image or audio URL itself, before the engine sees
+    the request (the engine then gets the bytes as a ``data:`` URL and never fetches)."""
+
+    model_config = CHANNEL_MODEL_CONFIG
+
+    max_bytes: int = Field(
+        default=20 * 1024 * 1024, ge=1, description="Most bytes one fetched file may have."
+    )
+    timeout_seconds: float = Field(
+        default=10.0, gt=0, le=300, description="Time one fetch may take, redirects included."
+    )
+    max_redirects: int = Field(
+        default=3, ge=0, le=10, description="Redirects followed, each hop checked again."
+    )
+    allowed_networks: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Non-public networks (CIDRs) fetches may reach; empty: public addresses "
+        "only (never loopback, private, link-local, shared, metadata addresses).",
+    )
+
+
+class MediaLimits(BaseModel):
+    """What the engine takes of a request's images (the pool's ``limits``), and whether the
+    executor fetches remote media."""
+
+    model_config = CHANNEL_MODEL_CONFIG
+
+    max_image_pixels: int = Field(
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        ge=1,
+        description="Most pixels of one image (vLLM's VLLM_MAX_IMAGE_PIXELS; a fetched image "
+        "is checked too).",
+    )
+    max_images_per_request: int = Field(
+        default=DEFAULT_MAX_IMAGES_PER_REQUEST,
+        ge=0,
+        description="Most images in one request (vLLM's limit_mm_per_prompt).",
+    )
+    remote: RemoteMedia | None = Field(
+        default_factory=RemoteMedia,
+        description="How the executor fetches http(s) media URLs (by default, as an older "
+        "operator's spec means: fetched, guarded, with the default limits); null: they are "
+        "refused (an error line). Never passed to the engine either way.",
+    )
+
+
 class EngineSpec(BaseModel):
     """Which engine runs the requests, and its arguments."""
 
@@ -55,6 +104,10 @@ class EngineSpec(BaseModel):
         description="Engine arguments. vllm: vLLM engine args by their Python names "
         "(max_num_seqs, dtype, enforce_eager, max_model_len, ...). simulated: see "
         "llmbatch.executor.engines.simulated.SimulatedArgs.",
+    )
+    media: MediaLimits = Field(
+        default_factory=MediaLimits,
+        description="The image limits the engine applies, and how remote media is fetched.",
     )
 
 

@@ -152,6 +152,13 @@ class ShardReport(BaseModel):
         ge=0,
         description="Requests of this run that were in the engine when it crashed.",
     )
+    media_in_flight: list[str] = Field(
+        default_factory=list,
+        description="The custom_ids of this run's requests with images or audio that are in "
+        "the engine, or about to enter it: a request with media enters only once a heartbeat "
+        "names it, so when the slot is killed for memory the operator knows which ones it may "
+        "blame (core.oomblame).",
+    )
 
 
 class SlotHeartbeat(BaseModel):

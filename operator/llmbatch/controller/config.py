@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from llmbatch.api.shard import RemoteMedia
 from llmbatch.core.netguard import IPNetwork, parse_networks
 from llmbatch.core.offboarding import DEFAULT_GRACE_SECONDS
 from llmbatch.core.retention import RetentionPolicy
@@ -127,9 +128,14 @@ class OperatorConfig:
     webhooks: WebhookConfig = field(default_factory=WebhookConfig)
     """Batch webhook deliveries."""
     remote_media: bool = False
-    """Rows may give images and audio as http(s) URLs the engine fetches
-    (LLMBATCH_REMOTE_MEDIA=true; the chart's ``remoteMedia.enabled`` also opens the executors'
-    egress); off: data: URLs only, a remote one fails validation with the line's number."""
+    """Rows may give images and audio as http(s) URLs the executors fetch through their address
+    guard (LLMBATCH_REMOTE_MEDIA=true; the chart's ``remoteMedia.enabled`` also opens the
+    executors' egress); off: data: URLs only, a remote one fails validation with the line's
+    number."""
+    remote_fetch: RemoteMedia = field(default_factory=RemoteMedia)
+    """How the executors fetch remote media: LLMBATCH_REMOTE_MEDIA_MAX_BYTES,
+    LLMBATCH_REMOTE_MEDIA_TIMEOUT, LLMBATCH_REMOTE_MEDIA_ALLOWED_NETWORKS (CIDRs of non-public
+    networks they may reach)."""
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -168,7 +174,22 @@ class OperatorConfig:
             pools=tuple(p for p in os.environ.get("LLMBATCH_POOLS", "").split(",") if p),
             webhooks=WebhookConfig.from_env(),
             remote_media=os.environ.get("LLMBATCH_REMOTE_MEDIA", "").lower() == "true",
+            remote_fetch=_remote_fetch_from_env(),
         )
+
+
+def _remote_fetch_from_env() -> RemoteMedia:
+    default = RemoteMedia()
+    networks = os.environ.get("LLMBATCH_REMOTE_MEDIA_ALLOWED_NETWORKS", "")
+    try:
+        parse_networks(networks)
+    except ValueError as exc:
+        raise SystemExit(f"LLMBATCH_REMOTE_MEDIA_ALLOWED_NETWORKS: {exc}") from exc
+    return RemoteMedia(
+        max_bytes=int(_float("LLMBATCH_REMOTE_MEDIA_MAX_BYTES", default.max_bytes)),
+        timeout_seconds=_float("LLMBATCH_REMOTE_MEDIA_TIMEOUT", default.timeout_seconds),
+        allowed_networks=[n.strip() for n in networks.split(",") if n.strip()],
+    )
 
 
 def _seconds(name: str, default: int, minimum: int = 1) -> int:

@@ -12,6 +12,7 @@ import yaml
 
 from llmbatch.api import labels
 from llmbatch.api.resources import BatchPoolSpec
+from llmbatch.api.shard import EngineSpec, MediaLimits
 from llmbatch.controller.config import OperatorConfig
 from llmbatch.core.podtemplate import creates_suspended, merge_pod_template
 
@@ -84,6 +85,17 @@ def engine_args(pool: BatchPoolSpec) -> dict[str, Any]:
         name, _, value = item.lstrip("-").partition("=")
         args[name.replace("-", "_")] = yaml.safe_load(value) if value else True
     return args
+
+
+def engine_spec(config: OperatorConfig, pool: BatchPoolSpec) -> EngineSpec:
+    """The engine of the pool's slots and shards: its arguments, the pool's image limits (the
+    engine applies them too), and how the executor fetches remote media where it is allowed."""
+    media = MediaLimits(
+        max_image_pixels=pool.limits.max_image_pixels,
+        max_images_per_request=pool.limits.max_images_per_request,
+        remote=config.remote_fetch if config.remote_media else None,
+    )
+    return EngineSpec(name=pool.executor.engine, args=engine_args(pool), media=media)
 
 
 def _resources(pool: BatchPoolSpec) -> dict[str, dict[str, str]]:
@@ -236,7 +248,7 @@ def slot_revision(
         "template": job["spec"]["template"],
         "backoffLimit": job["spec"]["backoffLimit"],
         "model": model.model_dump(mode="json"),
-        "engine": [pool.executor.engine, engine_args(pool)],
+        "engine": engine_spec(config, pool).model_dump(mode="json"),
         "slotConcurrency": pool.slot_concurrency,
         "idleSeconds": pool.idle_seconds,
     }

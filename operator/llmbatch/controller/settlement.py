@@ -19,10 +19,16 @@ from llmbatch.api.slot import Assignment, ShardLease, ShardReport
 from llmbatch.controller import metrics
 from llmbatch.controller.slotstate import ObservedSlot, SlotRound, Work, lease_key
 from llmbatch.core.leases import RunEnd, settle
+from llmbatch.core.oomblame import (
+    MEDIA_OUT_OF_MEMORY,
+    MediaVerdict,
+    blame_out_of_memory,
+    out_of_memory_end,
+)
 from llmbatch.core.slots import RunningShard
 from llmbatch.core.workqueue import Priority
 from llmbatch.storage.base import ObjectStore, StoreError
-from llmbatch.storage.shardresults import read_progress
+from llmbatch.storage.shardresults import read_progress, record_blame
 from llmbatch.storage.slotchannel import read_lease, update_lease
 
 log = logging.getLogger("llmbatch.controller.slots")
@@ -99,12 +105,23 @@ class Settlement:
             return None
         if slot.lost is not None:
             end = RunEnd(lost_run_state(slot, started=ended is not None), slot.name, slot.lost)
+            verdicts = media_verdicts(slot)
+            if verdicts is not None and end.state != "preempted":
+                end = self._blame(assignment, end, verdicts.get(key))
             self._end_run(pool, assignment, lease, end, work, result)
             return None
         if key not in work:  # the batch is stopping (cancel, expiry, pool deleted)
             slot.revoke(key)
             return None
         return lease
+
+    def _blame(self, assignment: Assignment, end: RunEnd, verdict: MediaVerdict | None) -> RunEnd:
+        """Record what a slot killed for memory is laid at beside the shard's results (store
+        call), and the run's end that charges the shard nothing more."""
+        if verdict is not None:
+            blamed = dict.fromkeys(verdict.blamed, MEDIA_OUT_OF_MEMORY)
+            record_blame(self.store, assignment.shard.output_prefix, blamed, set(verdict.suspects))
+        return out_of_memory_end(end, verdict)
 
     def _unreadable_lease(
         self, slot: ObservedSlot, key: str, exc: ValidationError, result: SlotRound
@@ -190,6 +207,15 @@ class Settlement:
             return after if current == seen else None
 
         return update_lease(self.store, lease_key(assignment), change) is not None or landed
+
+
+def media_verdicts(slot: ObservedSlot) -> dict[str, MediaVerdict] | None:
+    """``core.oomblame``'s verdict on a slot killed for memory, from its last heartbeat; None
+    when it was not, or named no request with media."""
+    if not slot.out_of_memory or slot.heartbeat is None:
+        return None
+    named = {r.key: r.media_in_flight for r in slot.heartbeat.shards if r.state == "running"}
+    return blame_out_of_memory(named)
 
 
 def lost_run_state(slot: ObservedSlot, *, started: bool) -> str:

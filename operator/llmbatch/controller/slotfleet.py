@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmbatch.api.resources import BatchPoolSpec, PoolModel
-from llmbatch.api.shard import EngineSpec, ModelRef
+from llmbatch.api.shard import ModelRef
 from llmbatch.api.slot import SlotSpec
 from llmbatch.controller import metrics
 from llmbatch.controller.config import OperatorConfig
-from llmbatch.controller.jobs import build_slot_job, engine_args, slot_revision, slot_selector
+from llmbatch.controller.jobs import build_slot_job, engine_spec, slot_revision, slot_selector
 from llmbatch.controller.kube import Kube
 from llmbatch.controller.slotstate import (
     ObservedSlot,
@@ -227,7 +227,7 @@ class SlotFleet:
                 path=model.source,
                 revision=revision_to_serve(pinned, model.revision),
             ),
-            engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
+            engine=engine_spec(self.config, pool),
             # Unset in the pool: the slot sizes it from its loaded engine (heartbeat.concurrency).
             concurrency=pool.slot_concurrency,
             idle_seconds=pool.idle_seconds,

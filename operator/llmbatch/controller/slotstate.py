@@ -62,6 +62,9 @@ class ObservedSlot:
     """Asked to drain: it takes no new shard, even before its heartbeat says it drains."""
     unreadable: bool = False
     """Its heartbeat could not be parsed: what it runs is unknown, so nothing is settled."""
+    out_of_memory: bool = False
+    """Lost because its pod was killed for memory (``OOMKilled``): the requests with media its
+    last heartbeat named are blamed, not its other runs (``core.oomblame``)."""
 
     @property
     def open(self) -> bool:

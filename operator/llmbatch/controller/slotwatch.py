@@ -118,6 +118,7 @@ class SlotObserver:
             for job, channel, (reading, assignments) in zip(jobs, channels, reads, strict=True)
         ]
         await self._look_into_unstarted(pool, slots, now, result)
+        await self._look_into_memory(pool, slots, result)
         self._progress(name, slots, result)
         return slots
 
@@ -237,6 +238,24 @@ class SlotObserver:
             if found and self._once(slot.name, found):
                 self._report_unstarted(slot, found, result)
 
+    async def _look_into_memory(
+        self, pool: BatchPoolSpec, slots: list[ObservedSlot], result: SlotRound
+    ) -> None:
+        """Whether a failed slot whose last heartbeat named requests with media was killed for
+        memory (its pod's container ended ``OOMKilled``): then those requests are blamed, not
+        its other runs (``core.oomblame``). Other slots' pods are not read."""
+        for slot in slots:
+            beat = slot.heartbeat
+            failed = slot.lost is not None and slot.lost.startswith("slot Job failed")
+            if not failed or beat is None or not any(r.media_in_flight for r in beat.shards):
+                continue
+            pods = await self.kube.list_pods(pool.worker_namespace, f"{LABEL_SLOT}={slot.name}")
+            if any(killed_for_memory(pod) for pod in pods):
+                slot.out_of_memory = True
+                slot.lost = f"{slot.lost} (OOMKilled)"
+                message = f"Slot {slot.name} was killed for memory with requests with media inside"
+                result.events.append(("Warning", "SlotOutOfMemory", message))
+
     @staticmethod
     def _report_unstarted(slot: ObservedSlot, found: str, result: SlotRound) -> None:
         message = f"Slot {slot.name} has not started: {found}"[:1024]
@@ -251,3 +270,12 @@ class SlotObserver:
             }
         for ref in refs.values():
             result.batch_events.append((ref, "SlotNotStarting", message))
+
+
+def killed_for_memory(pod: dict[str, Any]) -> bool:
+    """Whether a container of ``pod`` was killed for memory (the kubelet's ``OOMKilled``)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        for state in (container.get("state"), container.get("lastState")):
+            if ((state or {}).get("terminated") or {}).get("reason") == "OOMKilled":
+                return True
+    return False

@@ -48,10 +48,16 @@ def output_limit_required(pool: BatchPoolSpec) -> bool:
 def media_rules(pool: BatchPoolSpec, model: str | None, remote_media: bool) -> MediaRules:
     """The image and audio parts ``model``'s rows may hold on ``pool``: its declared input
     modalities (a model the pool does not serve: not checked, its batch fails validation with
-    model_not_found anyway), and remote URLs only where the platform lets engines fetch them."""
+    model_not_found anyway), the pool's caps on image pixels and images per request, and remote
+    URLs only where the platform lets the executors fetch them."""
     served = next((m for m in pool.models if m.name == model), None)
     modalities = frozenset(served.input_modalities) if served is not None else None
-    return MediaRules(modalities=modalities, remote=remote_media)
+    return MediaRules(
+        modalities=modalities,
+        remote=remote_media,
+        max_image_pixels=pool.limits.max_image_pixels,
+        max_images=pool.limits.max_images_per_request,
+    )
 
 
 def choose_pool(

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core import keys
 from llmbatch.core.ids import batch_request_id, request_id
+from llmbatch.core.oomblame import blame_message
 from llmbatch.core.retries import (
     RetryPolicy,
     error_code,
@@ -352,7 +353,8 @@ class ShardRunner:
 
     def _request(self, line_no: int, raw: bytes) -> EngineRequest | None:
         """The line's engine request, or None when the line is settled without the engine (a
-        bad line, one with a result, one given up after crashing the engine)."""
+        bad line, one with a result, one blamed for its slot's end, one given up after
+        crashing the engine)."""
         try:
             request = parse_line(self.spec, line_no, raw)
         except BadLine as bad:
@@ -360,6 +362,10 @@ class ShardRunner:
             return None
         if request.custom_id in self.results.done_ids:
             self.stats.skipped += 1
+            return None
+        blamed = self.results.blamed.get(request.custom_id)
+        if blamed is not None:  # the operator laid its slot's end at it (core.oomblame)
+            self._record(self._line(request.custom_id, blamed_result(blamed)))
             return None
         crashes = self.results.suspects.get(request.custom_id, 0)
         if crashes >= CRASHES_TO_GIVE_UP:
@@ -633,6 +639,11 @@ class ShardRunner:
             "skipped": self.stats.skipped,
             "in_flight": self.stats.in_flight,
         }
+
+
+def blamed_result(code: str) -> EngineResult:
+    """The error answer of a request the operator blamed for its slot's end."""
+    return EngineResult(400, error_body(blame_message(code), status_code=400, code=code))
 
 
 def _crashed_engine(crashes: int) -> EngineResult:

@@ -5,7 +5,8 @@ Several shards — often several tenants' — run on one engine at once. Each se
 billing: each answer carries its own share), counted as inside while the engine has them (what
 an engine crash is laid at), and pass the slot's :class:`EngineGate`, which lets a request that
 was inside at an earlier crash in only when nothing else is, so a second crash is laid at its
-door alone.
+door alone. A request with media enters only once a heartbeat names it (:class:`MediaInFlight`):
+what an out-of-memory kill of the whole slot is laid at.
 """
 
 from __future__ import annotations
@@ -126,6 +127,66 @@ class EngineGate:
         return self._inside == 0 and not self._alone and not self._waiting_alone
 
 
+class MediaInFlight:
+    """The slot's requests with media in the engine, each named in a heartbeat before it
+    enters: a slot killed for memory has its last heartbeat say which requests with media it
+    held (a superset: named ones may have just left), so the operator blames only those.
+
+    A request waits at the door until a heartbeat written after it was named has landed;
+    ``on_named`` asks the slot to write one now (requests named meanwhile share it).
+    """
+
+    def __init__(self, on_named: Callable[[], None] = lambda: None) -> None:
+        self.on_named = on_named
+        self._named: dict[str, set[str]] = {}
+        self._seq = 0
+        """Names given so far."""
+        self._recorded = 0
+        """Names a written heartbeat covers."""
+        self._changed = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def inside(self, key: str, custom_id: str) -> AsyncIterator[None]:
+        """Name the request of run ``key``, wait for a heartbeat naming it, and keep it named
+        while it is inside."""
+        self._named.setdefault(key, set()).add(custom_id)
+        self._seq += 1
+        mine = self._seq
+        try:
+            if self._recorded < mine:
+                self.on_named()
+            while self._recorded < mine:
+                await self._changed.wait()
+            yield
+        finally:
+            named = self._named.get(key)
+            if named is not None:
+                named.discard(custom_id)
+                if not named:
+                    del self._named[key]
+
+    def snapshot(self) -> int:
+        """The names given so far: pass it to :meth:`recorded` once the heartbeat that reads
+        :meth:`named` now is written."""
+        return self._seq
+
+    def named(self, key: str) -> list[str]:
+        """The requests of run ``key`` named now."""
+        return sorted(self._named.get(key, ()))
+
+    def recorded(self, seq: int) -> None:
+        """A heartbeat naming everything named up to ``seq`` was written: they may enter."""
+        if seq > self._recorded:
+            self._recorded = seq
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    @property
+    def waiting(self) -> bool:
+        """Some request waits for a heartbeat to name it."""
+        return self._recorded < self._seq
+
+
 class SharedEngine(Engine):
     """The slot's engine as one shard run sees it.
 
@@ -140,12 +201,16 @@ class SharedEngine(Engine):
         gate: EngineGate,
         key: str,
         on_record: asyncio.Event,
+        media: MediaInFlight | None = None,
     ) -> None:
         self.inner = engine
         self.ledger = ledger
         self.gate = gate
         self.key = key
         self.on_record = on_record
+        self.media = media
+        """Where requests with media are named before they enter; None: not named (no slot
+        heartbeat to name them in)."""
         self.name = engine.name
         self._inside: set[str] = set()
 
@@ -158,7 +223,10 @@ class SharedEngine(Engine):
 
     async def handle(self, request: EngineRequest) -> EngineResult:
         await self.on_record.wait()
-        async with self.gate.enter(alone=request.isolated):
+        named = None
+        if request.media and self.media is not None:
+            named = self.media.inside(self.key, request.custom_id)
+        async with self.gate.enter(alone=request.isolated), named or contextlib.nullcontext():
             dead = self.inner.dead_reason()
             if dead is not None:  # it died while this one waited: it was never inside
                 raise EngineDead(dead)

@@ -25,8 +25,10 @@ from llmbatch.api.shard import ShardSpec
 from llmbatch.api.slot import Assignment, ShardReport, ShardState, SlotHeartbeat, SlotSpec
 from llmbatch.core.slots import seats, slot_concurrency, start_order
 from llmbatch.executor.engines.base import Engine
+from llmbatch.executor.mediafetch import Fetchers
+from llmbatch.executor.mediagate import MediaGate
 from llmbatch.executor.runner import Outcome, ShardRunner
-from llmbatch.executor.sharedengine import BusyLedger, EngineGate, SharedEngine
+from llmbatch.executor.sharedengine import BusyLedger, EngineGate, MediaInFlight, SharedEngine
 from llmbatch.storage.base import ObjectStore, StoreError
 from llmbatch.storage.slotchannel import LeaseFence, SlotChannel
 
@@ -191,6 +193,8 @@ class Slot:
     def __post_init__(self) -> None:
         self.ledger = BusyLedger(self.clock)
         self.gate = EngineGate()
+        self.media = MediaInFlight(self._heartbeat_now)
+        self.fetchers = Fetchers()
         self.ready_at_wall = self.wall()  # the slot is built once its engine is loaded
         self.started_at = self.process_started_at or self.ready_at_wall
         self.ready_at = self.clock()
@@ -225,7 +229,13 @@ class Slot:
             waiters[0].cancel()
             self._reap()
         await self._heartbeat(final=True)
+        await self.fetchers.close()
         return self._exit_outcome()
+
+    def _heartbeat_now(self) -> None:
+        """A request with media waits for a heartbeat naming it: write one at once."""
+        self._last_heartbeat = -float("inf")
+        self._wake.set()
 
     def _exit_outcome(self) -> Outcome:
         """How the process ends. A fixed list of shards: its worst shard outcome (the Job
@@ -304,10 +314,12 @@ class Slot:
             )
         ledger_key = f"{key}#{len(self.runners)}"  # one per run: a re-run starts from zero
         on_record = asyncio.Event()
-        engine = SharedEngine(self.engine, self.ledger, self.gate, ledger_key, on_record)
+        engine = SharedEngine(
+            self.engine, self.ledger, self.gate, ledger_key, on_record, self.media
+        )
         runner = ShardRunner(
             spec,
-            engine,
+            MediaGate(engine, spec.engine.media, self.fetchers),
             store,
             input_store,
             fence=fence,
@@ -352,6 +364,7 @@ class Slot:
             message=run.runner.message if state != "running" else None,
             counts_attempt=run.runner.counts_attempt,
             crash_suspects=run.runner.crash_suspects,
+            media_in_flight=self.media.named(run.ledger_key) if state == "running" else [],
         )
 
     def _engine_failed(self) -> bool:
@@ -388,6 +401,7 @@ class Slot:
         if not final and now - self._last_heartbeat < self.settings.heartbeat_seconds:
             return True
         self._last_heartbeat = now
+        named = self.media.snapshot()
         self._seq = max(self._seq + 1, int(self.wall() * 1000))
         busy = self.ledger.busy_seconds()
         heartbeat = SlotHeartbeat(
@@ -406,9 +420,11 @@ class Slot:
             await self.source.report(heartbeat)
         except StoreError as exc:
             log.warning("slot %s: heartbeat not written: %s", self.settings.name, exc)
-            if any(not run.on_record.is_set() for run in self._running.values()):
+            waiting = any(not run.on_record.is_set() for run in self._running.values())
+            if waiting or self.media.waiting:
                 self._last_heartbeat = -float("inf")  # runs wait for it: again next loop
             return False
+        self.media.recorded(named)
         return True
 
     def _live_report(self, key: str, report: ShardReport) -> ShardReport:

@@ -60,7 +60,7 @@ def check_inline(
     model: str | None = None
     items: list[InlineRequest] = []
     input_bytes = declared = without = 0
-    media = MediaTally()  # the pool's media rules apply at admission (inline_media_error)
+    media = MediaTally()  # shapes now; the pool's media rules at admission (inline_media_error)
     first_unbounded: int | None = None
     for index, item in enumerate(requests):
         raw = item.model_dump()
@@ -117,9 +117,10 @@ def unbounded_inline_error(inline: InlineInput, endpoint: str) -> APIError | Non
 
 def inline_media_error(spec: BatchSpec, rules: MediaRules) -> APIError | None:
     """The 400 for the first inline request with an image or audio part the pool's model (or
-    the platform's egress) does not take: the rules of ``core.validation.media``, applied now
-    that the pool is known."""
-    if spec.requests is None or (rules.modalities is None and rules.remote):
+    the platform's egress, or the pool's image caps) does not take: the rules of
+    ``core.validation.media``, applied now that the pool is known (the shapes of the parts were
+    checked when the requests were parsed)."""
+    if spec.requests is None or rules == MediaRules():
         return None
     for index, item in enumerate(spec.requests):
         problems = media_problems(item.body, spec.endpoint, rules, MediaTally(), index + 1)

@@ -20,7 +20,9 @@ Under a lease every write is fenced (:class:`Fence`): a chunk or the progress re
 only while the lease is still this run's, and the progress record is replaced only by a
 compare-and-swap that refuses a record of a newer run — so a run that was paused while its
 shard moved to another slot can never overwrite the new holder's progress. ``suspects.json``
-holds the requests that were in the engine when it crashed (see :meth:`ShardResults.record_crash`).
+holds the requests that were in the engine when it crashed (see :meth:`ShardResults.record_crash`)
+and those the operator blamed for their slot's end (:func:`record_blame`: a slot killed for
+memory with one request with media inside), which the next run answers with an error line.
 """
 
 from __future__ import annotations
@@ -240,6 +242,8 @@ class ShardResults:
         self.done_ids: set[str] = set()
         self.suspects: dict[str, int] = {}
         """custom_id -> engine crashes it was in flight at (read at :meth:`recover`)."""
+        self.blamed: dict[str, str] = {}
+        """custom_id -> the error code it is answered with, not run (read at :meth:`recover`)."""
         self._known: dict[str, ChunkRecord] = {}
         self._next_seq: dict[ChunkKind, int] = {"output": 0, "errors": 0}
         self._pending: dict[ChunkKind, _Pending] = {"output": _Pending(), "errors": _Pending()}
@@ -278,21 +282,8 @@ class ShardResults:
         self.progress.started_at = previous.started_at if previous else now
         self.progress.attempts = previous.attempts + 1 if previous else 1
         self._busy_of = {c.key: c.busy_seconds for c in previous.chunks} if previous else {}
-        self.suspects = self._read_suspects()
+        self.suspects, self.blamed = read_suspects(self.store, self.prefix)
         self._scan()
-
-    def _read_suspects(self) -> dict[str, int]:
-        try:
-            raw = orjson.loads(self.store.get(f"{self.prefix}/{SUSPECTS_NAME}"))
-        except ObjectNotFound:
-            return {}
-        except orjson.JSONDecodeError:
-            log.warning("%s: unreadable %s ignored", self.prefix, SUSPECTS_NAME)
-            return {}
-        crashes = raw.get("crashes") if isinstance(raw, dict) else None
-        if not isinstance(crashes, dict):
-            return {}
-        return {str(k): int(v) for k, v in crashes.items() if isinstance(v, int)}
 
     def record_crash(self, custom_ids: set[str]) -> None:
         """Count one engine crash against every request that was in the engine then and has no
@@ -304,8 +295,7 @@ class ShardResults:
         for custom_id in fresh:
             self.suspects[custom_id] = self.suspects.get(custom_id, 0) + 1
         self.check_fence()
-        body = orjson.dumps({"version": 1, "crashes": self.suspects})
-        self.store.put(f"{self.prefix}/{SUSPECTS_NAME}", body)
+        _write_suspects(self.store, self.prefix, self.suspects, self.blamed)
 
     def _read_progress(self) -> Progress | None:
         key = f"{self.prefix}/{PROGRESS_NAME}"
@@ -472,6 +462,48 @@ def _generation(data: bytes) -> int:
     except (orjson.JSONDecodeError, AttributeError):
         return 0
     return value if isinstance(value, int) else 0
+
+
+def read_suspects(store: ObjectStore, prefix: str) -> tuple[dict[str, int], dict[str, str]]:
+    """``suspects.json`` of the shard at ``prefix``: custom_id -> engine crashes it was in
+    flight at, and custom_id -> the error code it is blamed with (empty when absent)."""
+    try:
+        raw = orjson.loads(store.get(f"{prefix.rstrip('/')}/{SUSPECTS_NAME}"))
+    except ObjectNotFound:
+        return {}, {}
+    except orjson.JSONDecodeError:
+        log.warning("%s: unreadable %s ignored", prefix, SUSPECTS_NAME)
+        return {}, {}
+    crashes = raw.get("crashes") if isinstance(raw, dict) else None
+    blamed = raw.get("blamed") if isinstance(raw, dict) else None
+    return (
+        {str(k): v for k, v in crashes.items() if isinstance(v, int)}
+        if isinstance(crashes, dict)
+        else {},
+        {str(k): v for k, v in blamed.items() if isinstance(v, str)}
+        if isinstance(blamed, dict)
+        else {},
+    )
+
+
+def record_blame(
+    store: ObjectStore, prefix: str, blamed: dict[str, str], suspects: set[str]
+) -> None:
+    """The operator's verdict on a slot that ended under a shard's requests: ``blamed``
+    (custom_id -> error code) are answered with that error by the next run, never run again;
+    each of ``suspects`` counts one crash (run alone next time). Written while the shard's
+    lease still names the lost slot, so no runner writes the record meanwhile."""
+    crashes, known = read_suspects(store, prefix)
+    for custom_id in suspects:
+        crashes[custom_id] = crashes.get(custom_id, 0) + 1
+    _write_suspects(store, prefix.rstrip("/"), crashes, {**known, **blamed})
+
+
+def _write_suspects(
+    store: ObjectStore, prefix: str, crashes: dict[str, int], blamed: dict[str, str]
+) -> None:
+    body = orjson.dumps({"version": 1, "crashes": crashes, "blamed": blamed})
+    store.put(f"{prefix}/{SUSPECTS_NAME}", body)
 
 
 def read_progress(store: ObjectStore, prefix: str) -> Progress | None:

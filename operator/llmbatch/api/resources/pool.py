@@ -19,6 +19,14 @@ from llmbatch.api.resources.podtemplate import EnvVar, LabelSelector, PodTemplat
 
 Modality = Literal["text", "image", "audio"]
 """An input modality (``llmbatch.core.validation.media.MODALITIES``)."""
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+"""Pixels per image unless a pool says otherwise: 64 MiB decoded as RGBA."""
+DEFAULT_MAX_IMAGES_PER_REQUEST = 16
+"""Images per request unless a pool says otherwise: with the pixel cap at most 1 GiB of decoded
+pixels per request, which a 24 GiB CPU slot decodes beside its model."""
+DEFAULT_SLOT_MEMORY = "24Gi"
+"""Memory request and limit of a slot pod unless its pool says otherwise: an out-of-memory kill
+ends that slot's process, never the node's others."""
 
 
 class PoolModel(CRModel):
@@ -79,8 +87,10 @@ class ExecutorSpec(CRModel):
     (valueFrom)."""
     cpu: Quantity | None = None
     """CPU request and limit of a shard pod."""
-    memory: Quantity | None = None
-    """Memory request and limit of a shard pod."""
+    memory: Quantity | None = DEFAULT_SLOT_MEMORY
+    """Memory request and limit of a slot pod (default 24Gi): an out-of-memory kill ends that
+    slot, and a request with media in its engine then is blamed alone (docs/executor.md);
+    null: no limit."""
     model_cache: ModelCache | None = None
     """Volume holding the model weights (no download at pod start)."""
     shm_size: Quantity | None = None
@@ -148,6 +158,13 @@ class PoolLimits(CRModel):
     completions: max_tokens), as seed 000 asks; only a GPUTime pool may set false."""
     max_queued_requests: Annotated[int, Field(ge=1)] | None = None
     """Most requests waiting in the pool's queue before new batches are refused (429)."""
+    max_image_pixels: Annotated[int, Field(ge=1, le=268435456)] = DEFAULT_MAX_IMAGE_PIXELS
+    """Most pixels (width x height, read from the image's header) of one image in a request:
+    a larger one is refused with image_too_large before it is queued, and the engine refuses
+    it too (a decompression bomb never reaches a decoder). Default 4096 x 4096."""
+    max_images_per_request: Annotated[int, Field(ge=0, le=1000)] = DEFAULT_MAX_IMAGES_PER_REQUEST
+    """Most images in one request (too_many_images); the engine's limit_mm_per_prompt too.
+    With the pixel cap it bounds what one request can make a slot decode (default: 1 GiB)."""
 
 
 def _default_tiers() -> dict[str, TierSettings]:

@@ -18,11 +18,11 @@ from llmbatch.api.resources import (
     ShardStatus,
     Usage,
 )
-from llmbatch.api.shard import EngineSpec, ModelRef, RequestRetries, ShardSpec
+from llmbatch.api.shard import ModelRef, RequestRetries, ShardSpec
 from llmbatch.api.slot import ShardLease
 from llmbatch.controller.batches.deps import PhaseDeps
 from llmbatch.controller.batches.step import BatchView, Step, set_condition, transition
-from llmbatch.controller.jobs import engine_args
+from llmbatch.controller.jobs import engine_spec
 from llmbatch.core import keys, shardbook
 from llmbatch.core.ids import batch_id_from_name, tenant_cache_salt
 from llmbatch.core.scheduling import revision_to_serve
@@ -192,7 +192,7 @@ class ShardRuns(PhaseDeps):
                 path=model.source,
                 revision=revision_to_serve(batch.status.model_revision, model.revision),
             ),
-            engine=EngineSpec(name=pool.executor.engine, args=engine_args(pool)),
+            engine=engine_spec(self.config, pool),
             flush_lines=pool.executor.flush_lines,
             flush_seconds=pool.executor.flush_seconds,
             drain_seconds=max(1, pool.executor.termination_grace_seconds - 5),

@@ -7,14 +7,14 @@ The pure rules — event body, ids, signature, retry schedule, address rules —
 from __future__ import annotations
 
 from llmbatch.controller.webhooks.dispatcher import WebhookDispatcher, deliveries_of
-from llmbatch.controller.webhooks.guard import (
+from llmbatch.controller.webhooks.sender import Attempt, Sender
+from llmbatch.outbound.guard import (
     GuardedResolver,
     GuardedSockets,
     Refused,
     check_host,
     refusals,
 )
-from llmbatch.controller.webhooks.sender import Attempt, Sender
 
 __all__ = [
     "Attempt",

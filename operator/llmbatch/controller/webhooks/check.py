@@ -17,10 +17,10 @@ from pydantic import ValidationError
 from yarl import URL
 
 from llmbatch.api.resources import BatchWebhookSpec
-from llmbatch.controller.webhooks.guard import GuardedResolver, Refused, check_host, literal
 from llmbatch.controller.webhooks.kubeio import WebhookIO
 from llmbatch.core import webhooks as rules
 from llmbatch.core.netguard import IPNetwork, url_problem
+from llmbatch.outbound.guard import GuardedResolver, Refused, check_host, literal
 
 
 def checked(body: Mapping[str, Any]) -> bool:

@@ -1,9 +1,9 @@
 """One HTTP attempt of a webhook delivery: guarded addresses, timeouts, a bounded answer.
 
-Every address is checked where the connection is made (:mod:`.guard`: the connector's resolver
-and socket factory), and an IP literal before the request. No redirects are followed (a 3xx is
-a failed attempt), no proxy from the environment is used, the answer is read up to
-:data:`MAX_ANSWER` bytes (undecoded) and the connection closed.
+Every address is checked where the connection is made (:mod:`llmbatch.outbound.guard`: the
+connector's resolver and socket factory), and an IP literal before the request. No redirects
+are followed (a 3xx is a failed attempt), no proxy from the environment is used, the answer is
+read up to :data:`MAX_ANSWER` bytes (undecoded) and the connection closed.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from yarl import URL
 
-from llmbatch.controller.webhooks.guard import (
+from llmbatch.core.netguard import IPNetwork
+from llmbatch.outbound.guard import (
     GuardedResolver,
-    GuardedSockets,
     Refused,
     check_host,
+    guarded_session,
     refusals,
 )
-from llmbatch.core.netguard import IPNetwork
 
 MAX_ANSWER = 64 * 1024
 """Bytes of an answer read at most (the rest is discarded with the connection)."""
@@ -61,19 +61,12 @@ class Sender:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                resolver=self._resolver(),
-                socket_factory=GuardedSockets(self.allowed),
-                use_dns_cache=False,  # every attempt resolves, and checks, afresh
+            self._session = guarded_session(
+                self.allowed,
+                self.timeout,
                 limit=self.concurrency * 4,
-                force_close=True,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=self.timeout,
-                auto_decompress=False,
-                trust_env=False,
-                headers={"user-agent": "llmbatch-webhooks/1"},
+                user_agent="llmbatch-webhooks/1",
+                resolver=self._resolver(),
             )
         return self._session
 

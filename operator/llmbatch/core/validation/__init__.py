@@ -8,7 +8,8 @@ validator also cuts the file into shards: contiguous byte ranges on line boundar
 
 One module per concern: ``errors`` (typed problems), ``limits`` (endpoints and limits),
 ``request`` (one line on its own, fast path first), ``responses`` (the /v1/responses body rules),
-``media`` (image and audio parts), ``shards`` (the plan), ``lines`` (BOM, CRLF, blank lines) and
+``parts`` (the allow-list of content-part shapes), ``media`` (image and audio parts),
+``imagesize`` (image headers), ``shards`` (the plan), ``lines`` (BOM, CRLF, blank lines) and
 ``stream`` (the validator that ties them together).
 """
 
@@ -28,9 +29,10 @@ from llmbatch.core.validation.media import (
     MODALITIES,
     MediaRules,
     MediaTally,
-    has_media_hint,
+    image_problem,
     media_problems,
 )
+from llmbatch.core.validation.parts import MediaPart, content_parts
 from llmbatch.core.validation.request import check_request
 from llmbatch.core.validation.shards import ShardRange
 from llmbatch.core.validation.stream import LineValidator, ValidationResult, validate_stream
@@ -46,6 +48,7 @@ __all__ = [
     "InvalidLine",
     "LineSplitter",
     "LineValidator",
+    "MediaPart",
     "MediaRules",
     "MediaTally",
     "ShardRange",
@@ -53,7 +56,8 @@ __all__ = [
     "ValidationLimits",
     "ValidationResult",
     "check_request",
-    "has_media_hint",
+    "content_parts",
+    "image_problem",
     "iter_lines",
     "media_problems",
     "normalize_endpoint",

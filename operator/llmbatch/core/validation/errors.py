@@ -39,6 +39,9 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_MODALITY = "unsupported_modality"
     INVALID_MEDIA = "invalid_media"
     REMOTE_MEDIA_NOT_ALLOWED = "remote_media_not_allowed"
+    UNSUPPORTED_CONTENT_PART = "unsupported_content_part"
+    IMAGE_TOO_LARGE = "image_too_large"
+    TOO_MANY_IMAGES = "too_many_images"
 
 
 NUMBER_MESSAGE = "Line {line} has a number outside the 64-bit range."

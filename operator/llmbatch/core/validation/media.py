@@ -1,18 +1,20 @@
-"""Image and audio parts of a request: what they are, whether the model takes them, what they weigh.
+"""Image and audio parts of a request: whether the model takes them, where they come from, what
+they weigh.
 
-Seed 000: "Rows may include the images and audio the model accepts". A request carries media as
-content parts (the OpenAI shapes, plus vLLM's ``audio_url``):
+Seed 000: "Rows may include the images and audio the model accepts". Which parts a row may hold
+at all is :mod:`llmbatch.core.validation.parts`'s allow-list (the OpenAI shapes, plus vLLM's
+``audio_url``); each media part it finds is then checked here:
 
-* chat: ``messages[i].content[j]`` of type ``image_url`` (``{"url": ...}``), ``input_audio``
-  (``{"data": <base64>, "format": ...}``) or ``audio_url`` (``{"url": ...}``);
-* responses: ``input[i].content[j]`` of type ``input_image`` (``image_url``: a URL string) or
-  ``input_audio``.
+* against the pool model's input modalities (refused with the line's number before anything is
+  queued, not failed after GPU time);
+* its source: a ``data:`` URL always, ``http(s)`` only where remote media is allowed (the
+  chart's ``remoteMedia.enabled``: the executor fetches it through its address guard), anything
+  else never;
+* an inline image's header (:mod:`llmbatch.core.validation.imagesize`): PNG, JPEG, GIF or WebP,
+  at most the pool's pixels per image; and at most the pool's images per request.
 
-Each part is checked against the pool model's input modalities (refused with the line's number
-before anything is queued, not failed after GPU time) and its URL against the platform's egress:
-``data:`` URLs always, ``http(s)`` only where remote media is allowed (the chart's
-``remoteMedia.enabled``), anything else never. The parts are tallied so the credit estimate counts
-media by its own rule (``core.billing``), not base64 as text.
+The parts are tallied so the credit estimate counts media by its own rule (``core.billing``),
+not base64 as text.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmbatch.core.validation.errors import ErrorCode, InvalidLine
+from llmbatch.core.validation.imagesize import image_size
+from llmbatch.core.validation.parts import (
+    MediaPart,
+    content_parts,
+    refused_parameter,
+)
 
 MODALITIES: tuple[str, ...] = ("text", "image", "audio")
 """The input modalities a pool model may declare (``BatchPool.spec.models[].inputModalities``)."""
-HINTS: tuple[bytes, ...] = (b'_url"', b'"input_audio"', b'"input_image"')
-"""Byte strings every line with a media part contains: a line with none of them is not scanned."""
-_REMOTE = ("https://", "http://")
+REMOTE = ("https://", "http://")
 _NOUN = {"image": "an image", "audio": "an audio clip"}
 
 
@@ -54,20 +60,11 @@ class MediaRules:
     modalities: frozenset[str] | None = None
     """The model's input modalities; None: not checked (no pool known yet)."""
     remote: bool = True
-    """Whether http(s) media URLs may be fetched by the engine (the platform allows egress)."""
-
-
-@dataclass(frozen=True)
-class _Part:
-    modality: str
-    param: str
-    url: str | None  # image_url / audio_url / input_image
-    data: str | None  # input_audio's base64
-
-
-def has_media_hint(line: bytes) -> bool:
-    """Whether ``line`` may hold a media part (three substring searches at C speed)."""
-    return any(hint in line for hint in HINTS)
+    """Whether http(s) media URLs may be fetched (the executor fetches them, guarded)."""
+    max_image_pixels: int | None = None
+    """Pixels (width x height) an image may have; None: not checked (no pool known yet)."""
+    max_images: int | None = None
+    """Images one request may hold; None: not checked (no pool known yet)."""
 
 
 def media_problems(
@@ -77,65 +74,40 @@ def media_problems(
     tally: MediaTally,
     line: int | None = None,
 ) -> list[InvalidLine]:
-    """Check the media parts of ``body`` against ``rules``; add what they weigh to ``tally``."""
+    """Check the content parts of ``body`` against the allow-list and ``rules``; add what its
+    media weigh to ``tally``."""
+    refused = refused_parameter(body, line)
+    if refused is not None:
+        return [refused]
+    parts, shape = content_parts(body, endpoint, line)
+    if shape is not None:
+        return [shape]
     problems: list[InvalidLine] = []
-    model = body.get("model")
-    for part in _parts(body, endpoint):
-        problem = _modality_problem(part, rules, model, line) or _source_problem(
+    images = 0
+    for part in parts:
+        problem = _modality_problem(part, rules, body.get("model"), line) or _source_problem(
             part, rules, tally, line
         )
         if problem is not None:
             problems.append(problem)
         elif part.modality == "image":
-            tally.images += 1
+            images += 1
+            if rules.max_images is not None and images == rules.max_images + 1:
+                problems.append(_too_many_images(part, rules.max_images, line))
         else:
             tally.audio_clips += 1
+    tally.images += images
     return problems
 
 
-def _parts(body: dict[str, Any], endpoint: str) -> list[_Part]:
-    if endpoint == "/v1/chat/completions":
-        items, field = body.get("messages"), "messages"
-    elif endpoint == "/v1/responses":
-        items, field = body.get("input"), "input"
-    else:
-        return []
-    if type(items) is not list:
-        return []
-    found: list[_Part] = []
-    for i, item in enumerate(items):
-        content = item.get("content") if type(item) is dict else None
-        if type(content) is not list:
-            continue
-        for j, piece in enumerate(content):
-            if type(piece) is dict:
-                part = _part(piece, f"body.{field}[{i}].content[{j}]")
-                if part is not None:
-                    found.append(part)
-    return found
-
-
-def _part(piece: dict[str, Any], param: str) -> _Part | None:
-    kind = piece.get("type")
-    if kind == "image_url" or kind == "audio_url":
-        value = piece.get(kind)
-        url = value.get("url") if type(value) is dict else value
-        modality = "image" if kind == "image_url" else "audio"
-        return _Part(modality, f"{param}.{kind}.url", url if type(url) is str else "", None)
-    if kind == "input_image":
-        if piece.get("file_id") is not None and piece.get("image_url") is None:
-            return _Part("image", f"{param}.file_id", None, None)
-        url = piece.get("image_url")
-        return _Part("image", f"{param}.image_url", url if type(url) is str else "", None)
-    if kind == "input_audio":
-        value = piece.get("input_audio")
-        data = value.get("data") if type(value) is dict else None
-        return _Part("audio", f"{param}.input_audio.data", None, data if type(data) is str else "")
-    return None
+def _too_many_images(part: MediaPart, most: int, line: int | None) -> InvalidLine:
+    where = f"Line {line}: " if line else ""
+    msg = f"{where}the request holds more than {most} images; send at most {most} per request."
+    return InvalidLine(ErrorCode.TOO_MANY_IMAGES, msg, line, part.param)
 
 
 def _modality_problem(
-    part: _Part, rules: MediaRules, model: Any, line: int | None
+    part: MediaPart, rules: MediaRules, model: Any, line: int | None
 ) -> InvalidLine | None:
     if rules.modalities is None or part.modality in rules.modalities:
         return None
@@ -149,39 +121,29 @@ def _modality_problem(
 
 
 def _source_problem(
-    part: _Part, rules: MediaRules, tally: MediaTally, line: int | None
+    part: MediaPart, rules: MediaRules, tally: MediaTally, line: int | None
 ) -> InvalidLine | None:
     """The part's URL or payload: a well-formed ``data:`` URL (or base64), or an allowed remote."""
     where = f"Line {line}: " if line else ""
-    if part.data is not None:
-        decoded = _base64_size(part.data)
-        if decoded is None:
-            msg = f"{where}{part.param} must be non-empty base64 audio data."
-            return InvalidLine(ErrorCode.INVALID_MEDIA, msg, line, part.param)
-        tally.audio_bytes += decoded
-        tally.encoded_bytes += len(part.data)
-        return None
-    url = part.url
-    if url is None:
+    value = part.value
+    if part.source == "file":
         msg = (
             f"{where}{part.param}: file references are not supported in a batch; send the "
             "image as a data: URL."
         )
         return InvalidLine(ErrorCode.INVALID_MEDIA, msg, line, part.param)
-    if url.startswith("data:"):
-        head, comma, payload = url.partition(",")
-        decoded = _base64_size(payload) if comma and head.endswith(";base64") else None
-        if decoded is None or not head[5:].startswith(part.modality + "/"):
-            msg = (
-                f"{where}{part.param} must be a data:{part.modality}/<type>;base64,<data> URL "
-                "with non-empty base64 data."
-            )
+    if part.source == "data":
+        decoded = _base64(value) if type(value) is str else None
+        if decoded is None:
+            msg = f"{where}{part.param} must be non-empty base64 audio data."
             return InvalidLine(ErrorCode.INVALID_MEDIA, msg, line, part.param)
-        if part.modality == "audio":
-            tally.audio_bytes += decoded
-        tally.encoded_bytes += len(url)
+        tally.audio_bytes += len(decoded)
+        tally.encoded_bytes += len(value)
         return None
-    if url.startswith(_REMOTE):
+    url = value if type(value) is str else ""
+    if url.startswith("data:"):
+        return _data_url_problem(part, url, rules, tally, line)
+    if url.startswith(REMOTE):
         if rules.remote:
             return None
         msg = (
@@ -193,11 +155,48 @@ def _source_problem(
     return InvalidLine(ErrorCode.INVALID_MEDIA, msg, line, part.param)
 
 
-def _base64_size(payload: str) -> int | None:
-    """Decoded size of strict base64 ``payload``; None when empty or malformed."""
+def _data_url_problem(
+    part: MediaPart, url: str, rules: MediaRules, tally: MediaTally, line: int | None
+) -> InvalidLine | None:
+    where = f"Line {line}: " if line else ""
+    head, comma, payload = url.partition(",")
+    decoded = _base64(payload) if comma and head.endswith(";base64") else None
+    if decoded is None or not head[5:].startswith(part.modality + "/"):
+        msg = (
+            f"{where}{part.param} must be a data:{part.modality}/<type>;base64,<data> URL "
+            "with non-empty base64 data."
+        )
+        return InvalidLine(ErrorCode.INVALID_MEDIA, msg, line, part.param)
+    if part.modality == "image":
+        problem = image_problem(decoded, rules.max_image_pixels)
+        if problem is not None:
+            code, what = problem
+            return InvalidLine(code, f"{where}{part.param} {what}", line, part.param)
+    else:
+        tally.audio_bytes += len(decoded)
+    tally.encoded_bytes += len(url)
+    return None
+
+
+def image_problem(data: bytes, max_pixels: int | None) -> tuple[ErrorCode, str] | None:
+    """Why the image ``data`` is refused (its code, and what is wrong, to follow its place in a
+    message), or None: a PNG, JPEG, GIF or WebP header of at most ``max_pixels`` pixels."""
+    size = image_size(data)
+    if size is None:
+        return ErrorCode.INVALID_MEDIA, "is not a PNG, JPEG, GIF or WebP image."
+    if max_pixels is not None and size.pixels > max_pixels:
+        return ErrorCode.IMAGE_TOO_LARGE, (
+            f"is a {size.width} x {size.height} {size.format.upper()} image "
+            f"({size.pixels} pixels); the most an image may have is {max_pixels} pixels."
+        )
+    return None
+
+
+def _base64(payload: str) -> bytes | None:
+    """Strict base64 ``payload`` decoded; None when empty or malformed."""
     if not payload:
         return None
     try:
-        return len(binascii.a2b_base64(payload, strict_mode=True))
+        return binascii.a2b_base64(payload, strict_mode=True)
     except (binascii.Error, ValueError):
         return None

@@ -60,13 +60,15 @@ def check_request(
     """Check one parsed line on its own (no cross-line rules).
 
     Returns the problems, the line's model (when readable) and its declared output-token limit.
-    With ``media``, the body's image and audio parts are checked too (``limits.media``) and
-    tallied into it; a caller that knows the line holds none (``media.has_media_hint``) skips it.
+    The body's content parts are always checked (``media``: the allow-list of shapes, and
+    ``limits.media`` for its image and audio parts), on the parsed line so that every spelling
+    of a key is seen; its media are tallied into ``media`` when given.
     """
     problems, model, output_tokens = _check(obj, endpoint, limits, line)
-    body = obj.get("body") if media is not None and type(obj) is dict else None
-    if media is not None and type(body) is dict:
-        problems = problems + media_problems(body, endpoint, limits.media, media, line)
+    body = obj.get("body") if type(obj) is dict else None
+    if type(body) is dict:
+        tally = media if media is not None else MediaTally()
+        problems = problems + media_problems(body, endpoint, limits.media, tally, line)
     return problems, model, output_tokens
 
 

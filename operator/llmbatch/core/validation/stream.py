@@ -22,7 +22,7 @@ from llmbatch.core.validation.limits import (
     normalize_endpoint,
 )
 from llmbatch.core.validation.lines import clean_line
-from llmbatch.core.validation.media import MediaTally, has_media_hint
+from llmbatch.core.validation.media import MediaTally
 from llmbatch.core.validation.request import check_request
 from llmbatch.core.validation.shards import ShardCutter, ShardRange
 
@@ -199,7 +199,7 @@ class LineValidator:
             endpoint=self.endpoint,
             limits=self.limits,
             line=line_no,
-            media=self._media if has_media_hint(text) else None,
+            media=self._media,
         )
         for problem in problems:
             self._report(problem)

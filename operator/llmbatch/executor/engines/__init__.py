@@ -33,5 +33,5 @@ def create_engine(engine: EngineSpec, model: ModelRef, served_names: list[str]) 
     if engine.name == "vllm":
         from llmbatch.executor.engines.vllm import VllmEngine
 
-        return VllmEngine(engine.args, model, served_names)
+        return VllmEngine(engine.args, model, served_names, engine.media)
     raise EngineConfigError(f"unknown engine {engine.name!r}")

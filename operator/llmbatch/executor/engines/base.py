@@ -28,6 +28,10 @@ class EngineRequest:
     isolated: bool = False
     """Send it with nothing else in the engine: it was in the engine when the engine crashed
     before, so a second crash can be laid at its door alone (``executor.slot.EngineGate``)."""
+    media: bool = False
+    """It holds an image or audio part (set by ``executor.mediagate.MediaGate``): the slot names
+    it in a heartbeat before it enters the engine, so an out-of-memory kill of the slot can be
+    laid at its door (``core.oomblame``)."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from llmbatch.api.shard import ModelRef
+from llmbatch.api.shard import MediaLimits, ModelRef
 from llmbatch.executor import revision
 from llmbatch.executor.engines import vllmcore
 from llmbatch.executor.engines.base import (
@@ -75,6 +75,24 @@ ENGINE_DEFAULTS: dict[str, Any] = {"scheduling_policy": "priority"}
 #: The scheduler a priority-scheduled engine gets unless the spec names one: a waiting request of
 #: a higher tier takes the seat of a running lower-tier one (vLLM's own preemption; tiersched).
 TIER_SCHEDULER = "llmbatch.executor.engines.tiersched.tier_scheduler"
+#: The only host vLLM's media connector may fetch from: a name that never resolves (RFC 6761).
+#: The executor fetches remote media itself, guarded (executor.mediagate); should an http(s)
+#: URL reach the engine anyway, the connector refuses it.
+NO_MEDIA_HOST = "no-fetch.llmbatch.invalid"
+
+
+def media_settings(limits: MediaLimits) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine args (defaults a pool's own engine args override) and the environment (set
+    whatever it was) that make vLLM apply the pool's image limits and never fetch media."""
+    args: dict[str, Any] = {
+        "limit_mm_per_prompt": {"image": limits.max_images_per_request, "video": 0},
+        "allowed_media_domains": [NO_MEDIA_HOST],
+    }
+    env = {
+        "VLLM_MAX_IMAGE_PIXELS": str(limits.max_image_pixels),
+        "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0",
+    }
+    return args, env
 
 
 def _load(module: str, *names: str) -> Any:
@@ -147,11 +165,18 @@ def is_cpu_platform() -> bool:
 class VllmEngine(Engine):
     name = "vllm"
 
-    def __init__(self, args: dict[str, Any], model: ModelRef, served_names: list[str]) -> None:
+    def __init__(
+        self,
+        args: dict[str, Any],
+        model: ModelRef,
+        served_names: list[str],
+        media: MediaLimits | None = None,
+    ) -> None:
         self.model = model
         self.served_names = served_names
         self.cpu = is_cpu_platform()
-        defaults = {**ENGINE_DEFAULTS, **(CPU_ENGINE_DEFAULTS if self.cpu else {})}
+        media_args, self.media_env = media_settings(media or MediaLimits())
+        defaults = {**ENGINE_DEFAULTS, **media_args, **(CPU_ENGINE_DEFAULTS if self.cpu else {})}
         self.args = {**defaults, **args}
         self.priority_scheduling = self.args.get("scheduling_policy") == "priority"
         if self.priority_scheduling:
@@ -176,6 +201,7 @@ class VllmEngine(Engine):
         weights = pinned_weights(self.model)
         for key, value in {**COMMON_ENV, **(CPU_ENV if self.cpu else {})}.items():
             os.environ.setdefault(key, value)
+        os.environ.update(self.media_env)
         argv = engine_argv(weights, self.served_names, self.args)
         log.info("starting vLLM: %s", " ".join(argv))
         # on CPU, the engine core's import runs in a forkserver while we import the rest

@@ -1,4 +1,7 @@
-"""The address guard of webhook deliveries: every address checked where the connection is made.
+"""The address guard of the platform's outgoing calls for tenants: every address checked where
+the connection is made. The operator's webhook deliveries (``llmbatch.controller.webhooks``) and
+the executor's fetches of remote media (``llmbatch.executor.mediafetch``) both connect through
+:func:`guarded_session`.
 
 One rule (:func:`llmbatch.core.netguard.refusal`), applied at three points of an attempt:
 
@@ -14,8 +17,8 @@ One rule (:func:`llmbatch.core.netguard.refusal`), applied at three points of an
   sees it (yarl's ``raw_host``), for a message that names what was written.
 
 aiohappyeyeballs folds the errors of several addresses into one plain ``OSError("Multiple
-exceptions: ...")``, so the socket guard also records what it refused (:func:`refusals`): the
-sender classifies an attempt from that record, not from the type of the error it gets.
+exceptions: ...")``, so the socket guard also records what it refused (:func:`refusals`): a
+caller classifies an attempt from that record, not from the type of the error it gets.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from aiohttp.abc import ResolveResult
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
 from llmbatch.core.netguard import IPAddress, IPNetwork, first_refusal, ipv4_number, refusal
@@ -35,11 +39,11 @@ from llmbatch.core.netguard import IPAddress, IPNetwork, first_refusal, ipv4_num
 AddrInfo = tuple[int, int, int, str, tuple[Any, ...]]
 """(family, type, proto, canonname, sockaddr): one getaddrinfo answer, what the factory gets."""
 
-_REFUSED: ContextVar[list[str] | None] = ContextVar("llmbatch_webhook_refused", default=None)
+_REFUSED: ContextVar[list[str] | None] = ContextVar("llmbatch_outbound_refused", default=None)
 
 
 class Refused(OSError):
-    """The host is, or resolves to, an address deliveries may not reach."""
+    """The host is, or resolves to, an address the call may not reach."""
 
 
 @contextlib.contextmanager
@@ -124,3 +128,30 @@ class GuardedResolver(ThreadedResolver):
         if not results:
             raise Refused(f"{host} resolves to no address")
         return results
+
+
+def guarded_session(
+    allowed: Sequence[IPNetwork],
+    timeout: aiohttp.ClientTimeout,
+    *,
+    limit: int,
+    user_agent: str,
+    resolver: AbstractResolver | None = None,
+) -> aiohttp.ClientSession:
+    """A client session whose every connection is guarded (resolver and socket factory), that
+    resolves afresh on every connection, keeps none open, ignores proxies from the environment
+    and hands bodies over as sent (no content decoding: what is read is what was capped)."""
+    connector = aiohttp.TCPConnector(
+        resolver=resolver or GuardedResolver(allowed),
+        socket_factory=GuardedSockets(allowed),
+        use_dns_cache=False,  # every attempt resolves, and checks, afresh
+        limit=limit,
+        force_close=True,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        trust_env=False,
+        headers={"user-agent": user_agent},
+    )
