@@ -148,3 +148,25 @@ def test_a_rewrite_under_the_same_tag_is_not_missed(tmp_path: pathlib.Path) -> N
     clock.settle()
     assert [a.generation for a in slot.assignments().values()] == [2]
     assert calls == {"list": 1}  # settled: kept
+
+
+class NoTags(FilesystemStore):
+    """Lists every object with an empty ETag (a store, or a proxy, that sends ``ETag: ""``)."""
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        for info in super().list(prefix):
+            yield dataclasses.replace(info, etag="")
+
+
+def test_an_empty_etag_is_unknown_and_the_assignment_is_always_read(tmp_path: pathlib.Path) -> None:
+    store, clock = NoTags(tmp_path), Clock()
+    operator, slot = SlotChannel(store, PREFIX), SlotChannel(store, PREFIX, clock)
+    operator.assign(Assignment(shard=spec("a"), lease_key="la", generation=1))
+    assert [a.generation for a in slot.assignments().values()] == [1]
+    clock.settle()
+    assert [a.generation for a in slot.assignments().values()] == [1]
+    clock.settle()
+    operator.assign(Assignment(shard=spec("a"), lease_key="la", generation=2))  # "" again
+    calls = counting(store)
+    assert [a.generation for a in slot.assignments().values()] == [2]
+    assert calls == {"list": 1, "get": 1}
