@@ -25,6 +25,7 @@ from llmbatch.api.resources.base import (
 )
 from llmbatch.api.resources.batch import (
     BATCH_FINALIZER,
+    MAX_COMPLETION_WINDOW,
     BatchBilling,
     BatchPhase,
     BatchSpec,
@@ -94,6 +95,7 @@ __all__ = [
     "BATCH_FINALIZER",
     "CREDIT_ACCOUNT_NAME",
     "GROUP",
+    "MAX_COMPLETION_WINDOW",
     "RESOURCES",
     "VERSION",
     "BatchBilling",

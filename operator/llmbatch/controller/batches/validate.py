@@ -43,7 +43,7 @@ from llmbatch.core.admission import (
     output_limit_required,
 )
 from llmbatch.core.ids import batch_id_from_name
-from llmbatch.core.inline import inline_file
+from llmbatch.core.inline import InvalidInlineRequest, inline_file
 from llmbatch.core.tenancy import Tenant, pool_serves
 from llmbatch.core.validation import (
     ErrorCode,
@@ -132,6 +132,9 @@ class Validation:
     async def _check(self, batch: BatchView) -> tuple[str, Pool, ValidationResult]:
         """The input key, the pool and the validator's verdict, or :class:`Rejected`."""
         spec = batch.spec
+        too_long = tiers.window_refusal(spec.completion_window)
+        if too_long is not None:
+            raise Rejected([error("invalid_completion_window", too_long, "completionWindow")])
         input_key, model = await self._input_and_model(batch)
         if model is None:
             # No line names a model: report every problem the default limits find.
@@ -214,7 +217,10 @@ class Validation:
         # applied with kubectl: the requests are in the object; stored and peeked at in one
         # call to a store thread (each call waits its turn on a busy loop: #30's burst)
         key = keys.inline_input_key(batch.namespace, batch.uid)
-        data = inline_file(requests).data
+        try:
+            data = inline_file(requests).data
+        except InvalidInlineRequest as bad:  # not even encodable as a line: refused as one
+            raise Rejected(errors_of([bad.problem.as_dict()]), total=len(requests)) from bad
 
         def store() -> str | None:
             self.store.put(key, data)

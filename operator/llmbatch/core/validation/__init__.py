@@ -31,7 +31,7 @@ from llmbatch.core.validation.media import (
     has_media_hint,
     media_problems,
 )
-from llmbatch.core.validation.request import check_request
+from llmbatch.core.validation.request import check_request, structure_problem
 from llmbatch.core.validation.shards import ShardRange
 from llmbatch.core.validation.stream import LineValidator, ValidationResult, validate_stream
 
@@ -57,5 +57,6 @@ __all__ = [
     "iter_lines",
     "media_problems",
     "normalize_endpoint",
+    "structure_problem",
     "validate_stream",
 ]
