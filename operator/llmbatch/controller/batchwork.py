@@ -189,6 +189,13 @@ class BatchWork:
             return None
         return self.cache.all()
 
+    def accepted_of(self, namespace: str) -> int | None:
+        """How many of the namespace's batches are accepted and not finished, once the watch's
+        first listing is surely in the cache (None before: the caller lists them)."""
+        if self.clock() - self._started < self.startup_spread_seconds:
+            return None
+        return self.cache.accepted_in(namespace)
+
     def batches_of(self, namespace: str) -> list[dict[str, Any]] | None:
         """The namespace's Batches from the cache, once the watch's first listing is surely in
         it (after the startup spread); None before (the caller lists them)."""

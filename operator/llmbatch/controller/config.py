@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from llmbatch.core.netguard import IPNetwork, parse_networks
+from llmbatch.core.quotas import DEFAULT_MAX_WAITING_BATCHES, TenantCaps
 from llmbatch.core.retention import RetentionPolicy
 from llmbatch.core.webhooks import RetryPolicy
 
@@ -126,6 +127,15 @@ class OperatorConfig:
     """Rows may give images and audio as http(s) URLs the engine fetches
     (LLMBATCH_REMOTE_MEDIA=true; the chart's ``remoteMedia.enabled`` also opens the executors'
     egress); off: data: URLs only, a remote one fails validation with the line's number."""
+    max_waiting_batches: int = DEFAULT_MAX_WAITING_BATCHES
+    """A tenant's accepted unfinished batches at most, unless its namespace's
+    ``llmbatch.io/max-waiting-batches`` says otherwise (LLMBATCH_MAX_WAITING_BATCHES, 0: no
+    default cap): a batch past it fails validation with ``too_many_batches``."""
+
+    @property
+    def tenant_caps(self) -> TenantCaps:
+        """The caps of a tenant whose namespace sets none (stored bytes are the gateway's)."""
+        return TenantCaps.defaults(self.max_waiting_batches, 0)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -161,6 +171,9 @@ class OperatorConfig:
             pools=tuple(p for p in os.environ.get("LLMBATCH_POOLS", "").split(",") if p),
             webhooks=WebhookConfig.from_env(),
             remote_media=os.environ.get("LLMBATCH_REMOTE_MEDIA", "").lower() == "true",
+            max_waiting_batches=_seconds(
+                "LLMBATCH_MAX_WAITING_BATCHES", DEFAULT_MAX_WAITING_BATCHES, minimum=0
+            ),
         )
 
 

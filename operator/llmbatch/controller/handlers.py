@@ -105,6 +105,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     memo.pools.on_shards_changed = memo.work.push
     memo.batches.credits.batches_of = memo.work.batches_of
+    memo.batches.validation.accepted_batches = memo.work.accepted_of
     memo.work_stop = asyncio.Event()
     memo.work_task = asyncio.create_task(memo.work.run(config.reconcile_workers, memo.work_stop))
     metrics.serve(config.metrics_port)

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
+from llmbatch.core.ratelimit import KeyRateLimiter
 from llmbatch.gateway import metrics
 from llmbatch.gateway.archive import BatchArchive
 from llmbatch.gateway.auth import KeyRing, KeyWatcher
@@ -99,7 +100,14 @@ async def _serving(
     archive = BatchArchive(objects)
     lists = Listings.of(kube_api, cfg.list_resync_seconds, archive)
     app.state.gateway = Gateway(
-        cfg, kube_api, objects, ring, ReadCache(kube_api, cfg.read_cache_seconds), lists, archive
+        cfg,
+        kube_api,
+        objects,
+        ring,
+        ReadCache(kube_api, cfg.read_cache_seconds),
+        lists,
+        archive,
+        KeyRateLimiter(cfg.rate_limit, cfg.rate_burst),
     )
     watcher = KeyWatcher(kube_api, cfg.gateway_namespace, ring, cfg.key_resync_seconds)
     watcher.start()

@@ -66,6 +66,11 @@ AUTH_FAILURES = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+RATE_LIMITED = Counter(
+    "llmbatch_gateway_rate_limited_total",
+    "Requests refused with 429 rate_limit_exceeded: their API key was over its request rate.",
+    registry=REGISTRY,
+)
 API_KEYS = Gauge("llmbatch_gateway_api_keys", "API keys currently loaded.", registry=REGISTRY)
 STORE_SECONDS = Histogram(
     "llmbatch_gateway_store_operation_seconds",
