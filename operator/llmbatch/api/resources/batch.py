@@ -123,7 +123,10 @@ class BatchSpec(CRModel):
     output_expires_after_seconds: Annotated[int, Field(ge=3600, le=2592000)] | None = None
     """Lifetime of the output and error files after their creation (default: 7 days)."""
     cancel: bool = False
-    """Set to true to cancel: running requests stop, finished results are kept."""
+    """Set to true to cancel: no further request starts; requests already running finish (a
+    request between retry attempts included) for up to the pool's executor.cancelDrainSeconds
+    (600 s by default) and are kept and billed with the finished ones; every request that did
+    not run becomes a batch_cancelled error line. The batch then reads cancelled."""
 
     immutable: ClassVar[tuple[str, ...]] = (
         "endpoint",

@@ -22,6 +22,7 @@ from llmbatch.core.validation.limits import (
     SUPPORTED_ENDPOINTS,
     ValidationLimits,
     normalize_endpoint,
+    with_output_limit,
 )
 from llmbatch.core.validation.lines import UTF8_BOM, LineSplitter, iter_lines
 from llmbatch.core.validation.media import (
@@ -59,4 +60,5 @@ __all__ = [
     "normalize_endpoint",
     "structure_problem",
     "validate_stream",
+    "with_output_limit",
 ]
