@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
+import time
 from typing import Any
 
 import openai
@@ -130,6 +131,7 @@ def test_a_batchs_model_is_an_id_the_catalog_lists_and_requests_can_use(
     fake_gateway.kube.objects[("batches", NS, obj["metadata"]["name"])] = obj
     accepted = client.batches.retrieve(batch.id)
     while accepted.status == "validating":  # the read cache: at most a second old
+        time.sleep(0.05)
         accepted = client.batches.retrieve(batch.id)
     assert accepted.model == "m"
     assert (accepted.model_extra or {})["model_revision"] == "r1"
