@@ -28,6 +28,7 @@ from tests.integration.test_operator import (
     MODEL,
     _delete_pools,  # noqa: F401  (autouse: each test's pools are deleted)
     apply,
+    batch_manifest,
     batch_uid,
     chat_requests,
     get_batch,
@@ -62,18 +63,8 @@ def pool(cluster: Any, tmp_path: pathlib.Path, **spec: Any) -> str:
 
 
 def flex_batch(namespace: str, pool_name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "llmbatch.io/v1alpha1",
-        "kind": "Batch",
-        "metadata": {"name": f"batch-{uuid.uuid4().hex[:24]}", "namespace": namespace},
-        "spec": {
-            "endpoint": "/v1/chat/completions",
-            "completionWindow": "24h",
-            "pool": pool_name,
-            "metadata": {"tier": "flex"},
-            "requests": chat_requests(1),
-        },
-    }
+    spec = {"endpoint": "/v1/chat/completions", "pool": pool_name, "metadata": {"tier": "flex"}}
+    return batch_manifest(namespace, {**spec, "requests": chat_requests(1)})
 
 
 def steps_after(operator: OperatorProcess, offset: int) -> list[tuple[str, str, str]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import uuid
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from tests.fixtures.operator import OperatorProcess
 from tests.integration.test_operator import (
     _delete_pools,  # noqa: F401  (autouse: each test's pools are deleted)
     apply,
+    batch_manifest,
     chat_requests,
     make_batch,
     make_pool,
@@ -49,16 +49,8 @@ def test_the_crd_refuses_a_completion_window_past_72h(
     cluster: Any, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     def batch(window: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "Batch",
-            "metadata": {"name": f"batch-{uuid.uuid4().hex[:24]}", "namespace": namespace},
-            "spec": {
-                "endpoint": "/v1/chat/completions",
-                "completionWindow": window,
-                "requests": chat_requests(1),
-            },
-        }
+        spec = {"endpoint": "/v1/chat/completions", "completionWindow": window}
+        return batch_manifest(namespace, {**spec, "requests": chat_requests(1)})
 
     for window in ("999999h", "73h", "4321m"):
         path = tmp_path / f"{window}.json"
