@@ -40,7 +40,7 @@ def max_requests(pool: BatchPoolSpec) -> int:
 
 def output_limit_required(pool: BatchPoolSpec) -> bool:
     """Whether every row for ``pool`` must bound its output tokens: unless the pool's
-    ``limits.requireOutputTokenLimit`` is false (true by default, as seed 000 asks)."""
+    ``limits.requireOutputTokenLimit`` is false (it is true by default)."""
     return pool.limits.require_output_token_limit
 
 

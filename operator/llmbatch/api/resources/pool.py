@@ -185,7 +185,7 @@ class PoolLimits(CRModel):
     """Largest input line in bytes."""
     require_output_token_limit: bool = True
     """Every request must set an output-token limit (chat: max_completion_tokens or max_tokens,
-    completions: max_tokens), as seed 000 asks. False accepts rows without one: on a Tokens
+    completions: max_tokens). False accepts rows without one: on a Tokens
     pool they run with billing.defaultOutputTokens as their limit (what the estimate reserved),
     on a GPUTime pool with the engine's own."""
     max_queued_requests: Annotated[int, Field(ge=1)] | None = None
