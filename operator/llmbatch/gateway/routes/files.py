@@ -117,11 +117,11 @@ async def _upload_room(gw: Gateway, namespace: str) -> tuple[int, APIError | Non
     caps = TenantCaps.of(
         await gw.kube.namespace_annotations(namespace) or {}, gw.settings.tenant_caps
     )
-    room = storage_room(await _stored_bytes(gw, namespace), caps.stored_bytes)
-    if room is None or room >= gw.settings.max_upload_bytes:
+    stored = await _stored_bytes(gw, namespace)
+    room = storage_room(stored, caps.stored_bytes)
+    if room is None or caps.stored_bytes is None or room >= gw.settings.max_upload_bytes:
         return gw.settings.max_upload_bytes, None
-    assert caps.stored_bytes is not None
-    refused = refusal_error(storage_refusal(caps.stored_bytes - room, caps.stored_bytes))
+    refused = refusal_error(storage_refusal(stored, caps.stored_bytes))
     if room == 0:
         metrics.UPLOADS_REJECTED.labels(refused.code or "400").inc()
         raise refused
