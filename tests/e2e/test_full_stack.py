@@ -110,8 +110,12 @@ def test_seed_000_through_the_sdk(
             pytest.fail(f"batch stuck in {current.status}: {seen}\n{operator_process.logs()}")
         time.sleep(2)
     assert current.status == "completed", (current, operator_process.logs())
-    # the model and the revision acceptance pinned (the demo pool's: the prepared folder's)
-    assert current.model == "smollm2@" + MODELS["smollm2"].folder().name.removeprefix("smollm2-")
+    # the model id the rows name (listed, usable), and the revision acceptance pinned beside it
+    # (the demo pool's: the prepared folder's)
+    assert current.model == "smollm2"
+    assert current.model in {m.id for m in client.models.list().data}
+    pinned = MODELS["smollm2"].folder().name.removeprefix("smollm2-")
+    assert (current.model_extra or {})["model_revision"] == pinned
     assert seen[0] in ("validating", "in_progress")
     assert current.request_counts is not None
     assert current.request_counts.completed == 2

@@ -131,17 +131,18 @@ def make_batch(
         spec["priority"] = priority
     if metadata:
         spec["metadata"] = metadata
-    apply(
-        cluster,
-        tmp_path,
-        {
-            "apiVersion": "llmbatch.io/v1alpha1",
-            "kind": "Batch",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": spec,
-        },
-    )
+    apply(cluster, tmp_path, batch_manifest(namespace, spec, name))
     return name
+
+
+def batch_manifest(namespace: str, spec: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """A Batch manifest (a fresh ``batch-`` name unless given) with ``spec`` as it is."""
+    return {
+        "apiVersion": "llmbatch.io/v1alpha1",
+        "kind": "Batch",
+        "metadata": {"name": name or f"batch-{uuid.uuid4().hex[:24]}", "namespace": namespace},
+        "spec": spec,
+    }
 
 
 def batch_file(namespace: str, file_id: str, size: int, storage_key: str) -> dict[str, Any]:

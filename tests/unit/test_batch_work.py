@@ -272,3 +272,41 @@ def test_a_batch_marked_for_deletion_is_cleaned_up_then_let_go(
     calls = len(h.kube.calls)
     assert drain(h, work) == 0
     assert len(h.kube.calls) == calls
+
+
+def test_a_flood_of_one_tenants_flex_creates_does_not_delay_anothers_expedited_completion(
+    h: ReconcilerHarness,
+) -> None:
+    """One tenant's expedited batch runs; meanwhile another tenant creates 100 flex batches.
+    When its shards end, its finalisation is the next step the operator takes, not the 101st
+    (counted in steps, not seconds)."""
+    other, flood = "team-flood", 100
+    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "e" * 32, 2))
+    h.kube.add("batchfiles", make_input_file(h.store, "file-" + "f" * 32, 2, namespace=other))
+    work = work_of(h)
+    h.pools.on_shards_changed = work.push
+    order: list[tuple[str, str | None]] = []
+    work.on_step = lambda body, step, _: order.append((body["metadata"]["name"], step.phase))
+    expedited = h.kube.add(
+        "batches", make_batch(BATCH, input_file_id="file-" + "e" * 32, priority="expedited")
+    )
+    work.notice(copy.deepcopy(expedited))
+    drain(h, work)
+    h.pool_round()
+    drain(h, work)
+    (job,) = h.jobs()
+    h.run_slot(job)  # its shards ran; the operator has not seen them end yet
+    for i in range(flood):
+        created = h.kube.add(
+            "batches",
+            make_batch(f"batch-{i:024x}", namespace=other, input_file_id="file-" + "f" * 32,
+                       metadata={"tier": "flex"}),
+        )  # fmt: skip
+        work.notice(copy.deepcopy(created))
+    order.clear()
+    h.pool_round()  # the ends settled: the round tells the expedited batch
+    drain(h, work)
+    assert h.status(BATCH)["status"] == "completed"
+    names = [name for name, _ in order]
+    assert names.index(BATCH) == 0
+    assert len(names) == flood + 1

@@ -127,11 +127,17 @@ def test_an_assignment_revoked_and_granted_again_is_read_afresh(tmp_path: pathli
 class SameTags(FilesystemStore):
     """Lists every object under one ETag: what a filesystem gives a key revoked and written
     again within one tick of its clock, when the new file gets the freed inode and the same
-    size."""
+    size. ``NoTags``: the empty ETag a store (or a proxy) may send."""
+
+    tag = '"same"'
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         for info in super().list(prefix):
-            yield dataclasses.replace(info, etag='"same"')
+            yield dataclasses.replace(info, etag=self.tag)
+
+
+class NoTags(SameTags):
+    tag = ""
 
 
 def test_a_rewrite_under_the_same_tag_is_not_missed(tmp_path: pathlib.Path) -> None:
@@ -148,3 +154,17 @@ def test_a_rewrite_under_the_same_tag_is_not_missed(tmp_path: pathlib.Path) -> N
     clock.settle()
     assert [a.generation for a in slot.assignments().values()] == [2]
     assert calls == {"list": 1}  # settled: kept
+
+
+def test_an_empty_etag_is_unknown_and_the_assignment_is_always_read(tmp_path: pathlib.Path) -> None:
+    store, clock = NoTags(tmp_path), Clock()
+    operator, slot = SlotChannel(store, PREFIX), SlotChannel(store, PREFIX, clock)
+    operator.assign(Assignment(shard=spec("a"), lease_key="la", generation=1))
+    assert [a.generation for a in slot.assignments().values()] == [1]
+    clock.settle()
+    assert [a.generation for a in slot.assignments().values()] == [1]
+    clock.settle()
+    operator.assign(Assignment(shard=spec("a"), lease_key="la", generation=2))  # "" again
+    calls = counting(store)
+    assert [a.generation for a in slot.assignments().values()] == [2]
+    assert calls == {"list": 1, "get": 1}

@@ -104,6 +104,35 @@ def test_a_stop_during_a_retrys_backoff_records_nothing_for_it() -> None:
     assert runner.stats.in_flight == 0
 
 
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_request_between_attempts_at_a_cancel_finishes(marked: bool) -> None:
+    """Seed 002: "Cancel requested. Running requests finish." A request already running whose
+    first attempt met a transient error is waiting for its next when the batch is cancelled:
+    it is tried again and its answer committed, not cut off into a batch_cancelled line. Any
+    other take-back still cuts the wait (it runs again when its shard resumes)."""
+    store = _store(1)
+    if marked:
+        store.put(shard_cancel_key(PREFIX), b"{}")
+    engine = SimulatedEngine({"fail_pattern": ".", "fail_status": 503, "fail_attempts": 1}, ["m"])
+    backoff = {"max_attempts": 3, "backoff_seconds": 0.3, "max_backoff_seconds": 0.3}
+    spec = _spec(retries=backoff, drain_seconds=0.05, cancel_drain_seconds=30.0)
+
+    async def go() -> Outcome:
+        runner = ShardRunner(spec, engine, store)
+        runner.rand = lambda: 0.5  # the backoff without jitter
+        task = asyncio.create_task(runner.run())
+        while not engine.failures:
+            await asyncio.sleep(0.005)
+        runner.request_stop(taken_back=True)  # in the middle of its 0.3 s backoff
+        return await task
+
+    assert asyncio.run(go()) is Outcome.PREEMPTED
+    finished = [line["custom_id"] for line in _lines(store, "output")]
+    assert finished == (["r0"] if marked else [])
+    assert engine.failures == {"r0": 1}
+    assert _lines(store, "errors") == []
+
+
 def _cancel_run(*, marked: bool, sigterm_after: float | None = None) -> tuple[list[str], float]:
     """Four requests of 1 s in the engine when the shard is taken back; the drain bound is
     0.2 s, a cancel's 30 s."""

@@ -133,6 +133,7 @@ def test_too_many_inline_requests_is_batchspecs_limit() -> None:
     ("fields", "param"),
     [
         ({"completion_window": "48h"}, "completion_window"),
+        ({"completion_window": "999999h"}, "completion_window"),
         ({"endpoint": "/v2/x"}, "endpoint"),
         ({"metadata": {"k" * 65: "v"}}, "metadata"),
         ({"priority": "urgent"}, "priority"),

@@ -129,9 +129,9 @@ def test_cancel_requested_reads_cancelling_until_the_operator_acts() -> None:
     assert batch.cancelling_at == 151
 
 
-def test_flex_is_standard_on_the_wire_with_a_72h_window() -> None:
+def test_flex_is_flex_on_the_wire_with_a_72h_window() -> None:
     batch = batch_to_openai(_batch(priority="flex", metadata={"tier": "flex"}))
-    assert batch.priority == "standard"
+    assert batch.priority == "flex"
     assert batch.expires_at == batch.created_at + 72 * 3600
     assert batch.metadata == {"tier": "flex"}
     assert batch_to_openai(_batch(priority="expedited")).priority == "expedited"
@@ -216,12 +216,29 @@ def test_paginate_unknown_cursor() -> None:
         paginate(["a"], lambda x: x, "zz", 10)
 
 
-def test_the_wire_model_names_the_revision_acceptance_pinned() -> None:
+def test_the_wire_model_is_the_model_id_and_the_pinned_revision_a_field_of_its_own() -> None:
     asked = _batch(model="smollm2")
     assert batch_to_openai(asked).model == "smollm2"  # before acceptance: as asked
+    assert batch_to_openai(asked).model_revision is None
     accepted = _batch(status={"status": "in_progress", "model": "smollm2"})
     assert batch_to_openai(accepted).model == "smollm2"  # no revision pinned
     pinned = _batch(
         status={"status": "completed", "model": "smollm2", "modelRevision": "0.1.2-fp32-r2"}
     )
-    assert batch_to_openai(pinned).model == "smollm2@0.1.2-fp32-r2"
+    wire = batch_to_openai(pinned)
+    assert (wire.model, wire.model_revision) == ("smollm2", "0.1.2-fp32-r2")
+
+
+@pytest.mark.parametrize(
+    ("spec", "priority"),
+    [
+        ({}, "standard"),
+        ({"priority": "expedited"}, "expedited"),
+        ({"priority": "flex"}, "flex"),  # as the gateway writes a flex batch
+        ({"metadata": {"tier": "flex"}}, "flex"),  # a kubectl Batch asking as the seed does
+    ],
+)
+def test_a_batch_reads_the_tier_it_runs_and_is_billed_at(
+    spec: dict[str, Any], priority: str
+) -> None:
+    assert batch_to_openai(_batch(**spec)).priority == priority

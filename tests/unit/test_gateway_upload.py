@@ -386,12 +386,12 @@ def test_output_limit_required_follows_the_pool() -> None:
         pool("catalog"),
         pool("private", billing={"mode": "GPUTime"}, limits=relaxed),
         pool("strict-private", billing={"mode": "GPUTime"}),
-        pool("catalog-relaxed", limits=relaxed),  # the CRD refuses it; a Tokens pool requires
+        pool("catalog-relaxed", limits=relaxed),  # its rows run with its default limit
     ]
     assert output_limit_required(pools, "catalog")
     assert not output_limit_required(pools, "private")
     assert output_limit_required(pools, "strict-private")
-    assert output_limit_required(pools, "catalog-relaxed")
+    assert not output_limit_required(pools, "catalog-relaxed")
     assert output_limit_required(pools, "unknown")
     assert output_limit_required(pools, None)
 

@@ -11,6 +11,17 @@ documents disagree"), each pinned by a test:
    per-batch cap: a batch that can never fit (over the pool's per-batch caps) is 400 — retrying
    cannot help, and the openai SDK retries a 429 on its own; a batch too large for what is left
    now (the tenant's or the pool's queue) is 429 with ``Retry-After``.
+4. Seed 000's "each row needs an output-token limit" against seed 002's sample rows without one:
+   a pool decides (required by default); a catalog pool that accepts such rows runs them with
+   its ``billing.defaultOutputTokens`` as their limit (tests/unit/test_seed_promises.py runs
+   seed 002's file on seed 002's pool).
+5. Seed 004's ``priority: standard | expedited`` against seed 002's flex tier and seed 004's own
+   "the tier this batch runs and is billed at": a flex batch reads ``flex``.
+6. Seed 000's pinned revision against seed 004's "Model id, settled from the input file": the
+   model is the id, the revision ``model_revision``.
+7. Seed 000's "cancellation stops unfinished work" against seed 002's "running requests finish":
+   nothing new starts, what runs finishes — a request between retry attempts included
+   (tests/unit/test_executor_retries.py::test_a_request_between_attempts_at_a_cancel_finishes).
 """
 
 from __future__ import annotations
@@ -20,15 +31,18 @@ from typing import Any
 
 import openai
 import pytest
+import yaml
 
-from llmbatch.api.resources import BatchPoolSpec, PoolLimits
-from llmbatch.core.admission import check_batch_size
+from llmbatch.api.resources import BatchPoolSpec, BatchSpec, PoolLimits
+from llmbatch.core.admission import check_batch_size, default_output_limit, output_limit_required
+from llmbatch.gateway.mapping import batch_to_openai
 from llmbatch.gateway.settings import DEFAULT_MAX_UPLOAD_BYTES
 from tests.fixtures.builders import make_batch, make_input_file, make_pool
 from tests.fixtures.gateway import FakeGateway, auth
 from tests.fixtures.reconciler import ReconcilerHarness
 from tests.unit.test_gateway_admission import add_pool, rows
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 NS = "team-a"
 BATCH = "batch-0123456789abcdef01234567"
 FILE = "file-00000000000000000000000000000001"
@@ -132,3 +146,44 @@ def test_too_large_for_what_is_left_now_is_429_with_retry_after(
         create_inline(client, rows(2))  # 3 queued + 2 > 4
     assert err.value.code == "queue_full"
     assert err.value.response.headers["retry-after"] == "60"
+
+
+# --- 4. the output-token limit --------------------------------------------------------------------
+
+
+def test_a_pool_decides_whether_rows_need_an_output_limit() -> None:
+    default = BatchPoolSpec.model_validate({"models": [{"name": "m", "source": "/m"}]})
+    assert output_limit_required(default)  # seed 000's rule unless the pool relaxes it
+    assert default_output_limit(default) is None
+    manifest = yaml.safe_load((ROOT / "examples" / "pool-qwen3.8-27b-batch.yaml").read_text())
+    seed_002 = BatchPoolSpec.model_validate(manifest["spec"])
+    assert not output_limit_required(seed_002)
+    assert default_output_limit(seed_002) == seed_002.billing.default_output_tokens == 1024
+    private = BatchPoolSpec.model_validate(
+        {
+            "models": [{"name": "m", "source": "/m"}],
+            "billing": {"mode": "GPUTime"},
+            "limits": {"requireOutputTokenLimit": False},
+        }
+    )
+    assert default_output_limit(private) is None  # billed by time: the engine's own bound
+
+
+# --- 5. and 6. the tier and the model a batch reads -----------------------------------------------
+
+
+def test_a_flex_batch_reads_flex_and_its_model_is_the_id() -> None:
+    obj = make_batch(BATCH, input_file_id=FILE, metadata={"tier": "flex"})
+    obj["metadata"]["creationTimestamp"] = "2027-01-15T08:00:00Z"
+    obj["status"] = {"status": "in_progress", "model": "m", "modelRevision": "r7"}
+    wire = batch_to_openai(obj)
+    assert wire.priority == "flex"
+    assert (wire.model, wire.model_revision) == ("m", "r7")
+
+
+# --- 7. a cancel --------------------------------------------------------------------------------
+
+
+def test_a_cancel_lets_what_runs_finish() -> None:
+    text = " ".join((BatchSpec.model_fields["cancel"].description or "").split())
+    assert "requests already running finish (a request between retry attempts included)" in text

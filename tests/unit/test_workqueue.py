@@ -129,7 +129,7 @@ def test_every_key_added_is_handed_out_exactly_once_per_pending_add(
     now = 0.0
     held: set[int] = set()
     for key, priority, offset, pop in ops:
-        q.add(key, priority, now, due=now + offset)
+        q.add(key, priority, now, due=now + offset, tier_rank=key % 3, tenant=f"t{key % 4}")
         if pop:
             got = q.pop(now)
             if got is not None:
@@ -156,3 +156,82 @@ def test_waiting_tells_whether_work_of_a_priority_or_better_is_due() -> None:
     assert not queue.waiting(5.0, Priority.ADMIT)
     queue.add("progress", Priority.URGENT, 5.0)  # a better add supersedes the queued one
     assert queue.waiting(5.0, Priority.ADMIT)
+
+
+# --- tiers across priorities, and tenants in turn ----------------------------------------------
+
+EXPEDITED, STANDARD, FLEX = 0, 1, 2
+
+
+def position(q: WorkQueue[str], wanted: str, now: float) -> int:
+    """The 1-based place at which ``wanted`` is handed out (everything popped is done)."""
+    for place, key in enumerate(drain(q, now), start=1):
+        if key == wanted:
+            return place
+    raise AssertionError(f"{wanted} never handed out")
+
+
+def test_a_flood_of_flex_creates_does_not_hold_up_another_tenants_expedited_finalisation() -> None:
+    """10,000 flex acceptances of one tenant, then the shards of another tenant's expedited batch
+    end: its finalisation is handed out first, not at place 10,001."""
+    q: WorkQueue[str] = WorkQueue()
+    for i in range(10_000):
+        q.add(f"a-{i}", Priority.ADMIT, 0.0, tier_rank=FLEX, tenant="team-a")
+    q.add("b-expedited", Priority.SHARDS, 1.0, tier_rank=EXPEDITED, tenant="team-b")
+    assert position(q, "b-expedited", 1.0) == 1
+
+
+def test_a_flood_of_one_tenants_creates_lets_another_tenant_of_the_tier_in_at_the_next_turn() -> (
+    None
+):
+    q: WorkQueue[str] = WorkQueue()
+    for i in range(10_000):
+        q.add(f"a-{i}", Priority.ADMIT, float(i) / 10_000, tier_rank=STANDARD, tenant="team-a")
+    q.add("b-standard", Priority.ADMIT, 1.0, tier_rank=STANDARD, tenant="team-b")
+    q.add("c-flex", Priority.ADMIT, 1.0, tier_rank=FLEX, tenant="team-c")
+    assert position(q, "b-standard", 1.0) <= 2
+    q = WorkQueue()
+    for i in range(10_000):
+        q.add(f"a-{i}", Priority.ADMIT, 0.0, tier_rank=FLEX, tenant="team-a")
+    q.add("c-flex", Priority.ADMIT, 1.0, tier_rank=FLEX, tenant="team-c")
+    assert position(q, "c-flex", 1.0) <= 2
+
+
+def test_a_batchs_later_steps_rank_above_acceptances_of_lower_tiers_only() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("flex-admit", Priority.ADMIT, 0.0, tier_rank=FLEX, tenant="a")
+    q.add("standard-admit", Priority.ADMIT, 0.0, tier_rank=STANDARD, tenant="a")
+    q.add("expedited-admit", Priority.ADMIT, 0.0, tier_rank=EXPEDITED, tenant="a")
+    q.add("standard-shards", Priority.SHARDS, 0.0, tier_rank=STANDARD, tenant="b")
+    q.add("expedited-shards", Priority.SHARDS, 0.0, tier_rank=EXPEDITED, tenant="b")
+    q.add("expedited-progress", Priority.PROGRESS, 0.0, tier_rank=EXPEDITED, tenant="b")
+    q.add("flex-cancel", Priority.URGENT, 0.0, tier_rank=FLEX, tenant="a")
+    assert drain(q, 0.0) == [
+        "flex-cancel",
+        "expedited-admit",
+        "expedited-shards",
+        "standard-admit",
+        "standard-shards",
+        "flex-admit",
+        "expedited-progress",
+    ]
+
+
+def test_tenants_take_turns_and_each_tenants_keys_keep_their_order() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    for i in range(3):
+        q.add(f"a{i}", Priority.ADMIT, float(i), tenant="a")
+    for i in range(2):
+        q.add(f"b{i}", Priority.ADMIT, 10.0 + i, tenant="b")
+    q.add("c0", Priority.ADMIT, 20.0, tenant="c")
+    assert drain(q, 30.0) == ["a0", "b0", "c0", "a1", "b1", "a2"]
+
+
+def test_a_failed_key_keeps_its_tier_and_tenant() -> None:
+    q: WorkQueue[str] = WorkQueue(backoff=Backoff(base=1.0, jitter=0.0))
+    q.add("b", Priority.SHARDS, 0.0, tier_rank=EXPEDITED, tenant="team-b")
+    assert q.pop(0.0) == "b"
+    q.failed("b", 0.0, Priority.SHARDS)
+    for i in range(100):
+        q.add(f"a-{i}", Priority.ADMIT, 0.0, tier_rank=STANDARD, tenant="team-a")
+    assert position(q, "b", 1.0) == 1

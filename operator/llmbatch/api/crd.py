@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmbatch.api.resources import API_VERSION, GROUP, VERSION, BatchSpec, ResourceKind
+from llmbatch.api.resources import (
+    API_VERSION,
+    GROUP,
+    MAX_COMPLETION_WINDOW,
+    VERSION,
+    BatchSpec,
+    ResourceKind,
+)
 
 _KEEP_KEYS = (
     "description",
@@ -159,6 +166,12 @@ def _batch_rules(spec: dict[str, Any]) -> None:
             )
     props["metadata"].setdefault("x-kubernetes-validations", []).append(
         {"rule": "self.all(k, size(k) <= 64)", "message": "metadata keys are at most 64 characters"}
+    )
+    props["completionWindow"].setdefault("x-kubernetes-validations", []).append(
+        {
+            "rule": f"duration(self) <= duration('{MAX_COMPLETION_WINDOW}')",
+            "message": f"completionWindow is at most {MAX_COMPLETION_WINDOW}",
+        }
     )
 
 

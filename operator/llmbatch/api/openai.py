@@ -47,7 +47,9 @@ def endpoint_list(conjunction: str = "and") -> str:
     return f"{', '.join(quoted[:-1])} {conjunction} {quoted[-1]}"
 
 
-Priority = Literal["standard", "expedited"]
+Priority = Literal["standard", "expedited", "flex"]
+"""The tier a batch runs and is billed at (a provider extension): flex is asked for with
+``metadata.tier = "flex"`` and reads ``flex`` here."""
 FilePurpose = Literal["batch", "batch_output"]
 
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -169,6 +171,9 @@ class Batch(WireModel):
     usage: BatchUsage | None = None
     metadata: dict[str, str] | None = None
     priority: Priority = "standard"
+    model_revision: str | None = None
+    """Provider extension: the revision of ``model`` acceptance pinned (every request of the
+    batch runs it); null before acceptance, or where the pool names no revision."""
 
     @field_validator("request_counts", mode="before")
     @classmethod

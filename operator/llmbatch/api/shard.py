@@ -192,6 +192,13 @@ class ShardSpec(BaseModel):
         "requests already in the engine get this long to finish; their results are committed. "
         "None (an older operator's spec): drain_seconds, as for any take-back.",
     )
+    default_output_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="The output-token limit of a request that sets none (a Tokens pool that "
+        "accepts such rows bills output tokens: its credit estimate reserved this many); None: "
+        "the engine's own bound.",
+    )
     retries: RequestRetries = Field(
         default_factory=RequestRetries,
         description="Per-request retries of transient engine errors.",

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from llmbatch.core.quotas import accepted_waiting
+
 KOPF_DIFFBASE = "llmbatch.io/last-handled-configuration"
 """kopf's copy of the spec as it last handled it (written for the on.create/on.field handlers
 the operator had before its work queue)."""
@@ -58,6 +60,8 @@ class BatchCache:
     def __init__(self) -> None:
         self._bodies: dict[str, dict[str, Any]] = {}
         self._by_namespace: dict[str, set[str]] = {}
+        self._accepted: dict[str, set[str]] = {}
+        """Per namespace, the uids of its batches accepted and not finished (the tenant's cap)."""
 
     def __len__(self) -> int:
         return len(self._bodies)
@@ -81,7 +85,13 @@ class BatchCache:
 
     def _keep(self, uid: str, body: dict[str, Any]) -> None:
         kept = self._bodies[uid] = slim(body)
-        self._by_namespace.setdefault(kept["metadata"].get("namespace") or "", set()).add(uid)
+        namespace = kept["metadata"].get("namespace") or ""
+        self._by_namespace.setdefault(namespace, set()).add(uid)
+        accepted = self._accepted.setdefault(namespace, set())
+        if accepted_waiting(kept):
+            accepted.add(uid)
+        else:
+            accepted.discard(uid)
 
     def get(self, uid: str) -> dict[str, Any] | None:
         body = self._bodies.get(uid)
@@ -94,11 +104,17 @@ class BatchCache:
     def drop(self, uid: str) -> None:
         body = self._bodies.pop(uid, None)
         if body is not None:
-            self._by_namespace.get(body["metadata"].get("namespace") or "", set()).discard(uid)
+            namespace = body["metadata"].get("namespace") or ""
+            self._by_namespace.get(namespace, set()).discard(uid)
+            self._accepted.get(namespace, set()).discard(uid)
 
     def all(self) -> list[dict[str, Any]]:
         """Every cached Batch (not copies: read only)."""
         return list(self._bodies.values())
+
+    def accepted_in(self, namespace: str) -> int:
+        """How many of the namespace's batches are accepted and not finished (O(1))."""
+        return len(self._accepted.get(namespace, ()))
 
     def in_namespace(self, namespace: str) -> list[dict[str, Any]]:
         """The cached Batches of one namespace (not copies: read only)."""

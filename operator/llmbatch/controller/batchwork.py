@@ -4,8 +4,9 @@ A Batch is reconciled when its object changes (the watch, through :meth:`BatchWo
 when something about its shards changes (the pool round, :meth:`BatchWork.push`), at a time it
 asked for (its expiry, a throttled progress fold, slots still flushing: ``Step.requeue_at``), or
 by a slow jittered resync — never by a timer per batch, so a deep backlog of batches nothing
-happens to costs nothing. Cancels and new batches (expedited first) go ahead of progress folds
-and resyncs; a failed reconcile is retried with backoff.
+happens to costs nothing. Cancels go first; then acceptances and shard changes by tier (an
+expedited batch's finalisation ahead of standard and flex acceptances), tenants taking turns
+within each; then progress folds and resyncs; a failed reconcile is retried with backoff.
 
 A worker reads the batch from the cache (``BatchCache``: never older than this operator's own
 last write), takes one step, and writes the status patch itself with the ``resourceVersion`` of
@@ -86,6 +87,11 @@ def tier_rank(body: dict[str, Any]) -> int:
     return TIER_RANK[tier_of(spec.get("priority"), spec.get("metadata"))]
 
 
+def tenant_of(body: dict[str, Any]) -> str:
+    """The batch's tenant, its namespace: the work queue's lanes take turns by it."""
+    return str((body.get("metadata") or {}).get("namespace") or "")
+
+
 class BatchWork:
     """The operator's batch work: a queue, a cache, and the workers that drain them."""
 
@@ -141,14 +147,14 @@ class BatchWork:
         due = now
         if initial and priority is Priority.RESYNC:  # a restart: no herd of thousands at once
             due = now + self.rng.uniform(0, self.startup_spread_seconds)
-        self._add(uid, priority, due, tier_rank(body))
+        self._add(uid, priority, due, body)
 
     def push(self, uid: str, priority: Priority, due: float | None = None) -> None:
         """Something about the batch's shards changed (the pool round) or it asked for a time."""
         body = self.cache.peek(uid)
         if body is None:
             return
-        self._add(uid, priority, self.clock() if due is None else due, tier_rank(body))
+        self._add(uid, priority, self.clock() if due is None else due, body)
 
     def push_pool(self, pool: str, after: float = 0.0) -> None:
         """The batches running on ``pool`` need a step (it was deleted under them)."""
@@ -156,7 +162,7 @@ class BatchWork:
         for body in self.cache.all():
             status = body.get("status") or {}
             if status.get("pool") == pool and status.get("status") not in TERMINAL:
-                self._add(body["metadata"]["uid"], Priority.SHARDS, due, tier_rank(body))
+                self._add(body["metadata"]["uid"], Priority.SHARDS, due, body)
 
     def forget(self, uid: str) -> None:
         self.queue.forget(uid)
@@ -170,8 +176,11 @@ class BatchWork:
         now = self.clock()
         return self.queue.waiting(now, Priority.ADMIT) or now - self._admitted_at < ADMISSIONS_QUIET
 
-    def _add(self, uid: str, priority: Priority, due: float, rank: int) -> None:
-        self.queue.add(uid, priority, self.clock(), due=due, tier_rank=rank)
+    def _add(self, uid: str, priority: Priority, due: float, body: dict[str, Any]) -> None:
+        """Queue the batch ``body`` (by its tier and tenant) for ``priority`` at ``due``."""
+        self.queue.add(
+            uid, priority, self.clock(), due=due, tier_rank=tier_rank(body), tenant=tenant_of(body)
+        )
         best = self._priority.get(uid)
         self._priority[uid] = priority if best is None else min(best, priority)
         self._wake.set()
@@ -181,6 +190,13 @@ class BatchWork:
         if self.clock() - self._started < self.startup_spread_seconds:
             return None
         return self.cache.all()
+
+    def accepted_of(self, namespace: str) -> int | None:
+        """How many of the namespace's batches are accepted and not finished, once the watch's
+        first listing is surely in the cache (None before: the caller lists them)."""
+        if self.clock() - self._started < self.startup_spread_seconds:
+            return None
+        return self.cache.accepted_in(namespace)
 
     def batches_of(self, namespace: str) -> list[dict[str, Any]] | None:
         """The namespace's Batches from the cache, once the watch's first listing is surely in
@@ -276,7 +292,7 @@ class BatchWork:
                 await self._write(body, patch)
             except Conflict:
                 await self._reread(body)
-                self._add(uid, priority, self.clock(), tier_rank(body))
+                self._add(uid, priority, self.clock(), body)
                 return
         if self.on_step is not None:  # the pool first: its shards wait for nothing else
             self.on_step(body, step, patch)
@@ -321,7 +337,7 @@ class BatchWork:
                 )
             except Conflict:
                 await self._reread(body)
-                self._add(uid, priority, self.clock(), tier_rank(body))
+                self._add(uid, priority, self.clock(), body)
                 return
         self.forget(uid)
 
@@ -370,6 +386,6 @@ class BatchWork:
             return
         now = self.clock()
         if step.requeue_at is not None:
-            self._add(uid, Priority.SHARDS, max(now, step.requeue_at), tier_rank(body))
+            self._add(uid, Priority.SHARDS, max(now, step.requeue_at), body)
         resync = self.resync_seconds * self.rng.uniform(0.8, 1.2)
-        self._add(uid, Priority.RESYNC, now + resync, tier_rank(body))
+        self._add(uid, Priority.RESYNC, now + resync, body)

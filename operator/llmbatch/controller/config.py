@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from llmbatch.api.shard import RemoteMedia
 from llmbatch.core.netguard import IPNetwork, parse_networks
 from llmbatch.core.offboarding import DEFAULT_GRACE_SECONDS
+from llmbatch.core.quotas import DEFAULT_MAX_WAITING_BATCHES, TenantCaps
 from llmbatch.core.retention import RetentionPolicy
 from llmbatch.core.webhooks import RetryPolicy
 
@@ -136,6 +137,15 @@ class OperatorConfig:
     """How the executors fetch remote media: LLMBATCH_REMOTE_MEDIA_MAX_BYTES,
     LLMBATCH_REMOTE_MEDIA_TIMEOUT, LLMBATCH_REMOTE_MEDIA_ALLOWED_NETWORKS (CIDRs of non-public
     networks they may reach)."""
+    max_waiting_batches: int = DEFAULT_MAX_WAITING_BATCHES
+    """A tenant's accepted unfinished batches at most, unless its namespace's
+    ``llmbatch.io/max-waiting-batches`` says otherwise (LLMBATCH_MAX_WAITING_BATCHES, 0: no
+    default cap): a batch past it fails validation with ``too_many_batches``."""
+
+    @property
+    def tenant_caps(self) -> TenantCaps:
+        """The caps of a tenant whose namespace sets none (stored bytes are the gateway's)."""
+        return TenantCaps.defaults(self.max_waiting_batches, 0)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -175,6 +185,9 @@ class OperatorConfig:
             webhooks=WebhookConfig.from_env(),
             remote_media=os.environ.get("LLMBATCH_REMOTE_MEDIA", "").lower() == "true",
             remote_fetch=_remote_fetch_from_env(),
+            max_waiting_batches=_seconds(
+                "LLMBATCH_MAX_WAITING_BATCHES", DEFAULT_MAX_WAITING_BATCHES, minimum=0
+            ),
         )
 
 

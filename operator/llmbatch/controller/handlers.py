@@ -108,6 +108,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     memo.pools.on_shards_changed = memo.work.push
     memo.batches.credits.batches_of = memo.work.batches_of
+    memo.batches.validation.accepted_batches = memo.work.accepted_of
     memo.work_stop = asyncio.Event()
     # Every long-lived task runs under a supervisor (llmbatch.background): one that fails is
     # run again after a backoff, logged and counted, never left dead.

@@ -39,10 +39,20 @@ def max_requests(pool: BatchPoolSpec) -> int:
 
 
 def output_limit_required(pool: BatchPoolSpec) -> bool:
-    """Whether every row for ``pool`` must bound its output tokens (seed 000): always on a Tokens
-    (catalog) pool, on a GPUTime (private) pool unless ``limits.requireOutputTokenLimit`` is
-    false."""
-    return pool.billing.mode == "Tokens" or pool.limits.require_output_token_limit
+    """Whether every row for ``pool`` must bound its output tokens: unless the pool's
+    ``limits.requireOutputTokenLimit`` is false (it is true by default)."""
+    return pool.limits.require_output_token_limit
+
+
+def default_output_limit(pool: BatchPoolSpec) -> int | None:
+    """The output-token limit a row that sets none runs with on ``pool``: a Tokens (catalog)
+    pool bills output tokens, so one that accepts such rows bounds them at
+    ``billing.defaultOutputTokens`` — the figure its credit estimate reserved for them. None on a
+    GPUTime pool (it bills time, and the engine's own bound applies) and on a pool that refuses
+    such rows."""
+    if pool.billing.mode != "Tokens" or output_limit_required(pool):
+        return None
+    return pool.billing.default_output_tokens
 
 
 def media_rules(pool: BatchPoolSpec, model: str | None, remote_media: bool) -> MediaRules:

@@ -126,6 +126,9 @@ class ShardRunner:
         self._stopping = False
         self._hard_stop_until: float | None = None
         """Set by a stop that is not a take-back (SIGTERM): the drain ends by then whatever."""
+        self._cancel_drain: bool | None = None
+        """Whether the stopping run drains for a cancel (None: its drain has not decided): a
+        cancelled batch's running requests finish, a request between two attempts included."""
         self._engine_failure: str | None = None
         self._store_failure: str | None = None
         self._crash: BaseException | None = None
@@ -430,9 +433,7 @@ class ShardRunner:
         """How long a taken-back run lets its requests in the engine finish: the cancel bound
         when the operator marked the batch cancelled (read once, when the drain starts)."""
         cancel = self.spec.cancel_drain_seconds
-        if cancel is None or self._hard_stop_until is not None:
-            return self.spec.drain_seconds
-        if not await self._cancel_marked():
+        if cancel is None or not await self._cancelling():
             return self.spec.drain_seconds
         log.info(
             "shard %s: batch cancelled; %d requests in flight may finish (up to %.0f s)",
@@ -441,6 +442,17 @@ class ShardRunner:
             cancel,
         )
         return cancel
+
+    async def _cancelling(self) -> bool:
+        """Whether this stopping run drains for a cancel (decided once, for the drain and the
+        requests waiting to retry alike): a take-back with the cancel mark, and no SIGTERM."""
+        if self._cancel_drain is None:
+            cancel = self.spec.cancel_drain_seconds is not None and self._hard_stop_until is None
+            decided = cancel and await self._cancel_marked()
+            if self._cancel_drain is None:
+                self._cancel_drain = decided
+                self._wake()
+        return self._cancel_drain
 
     async def _cancel_marked(self) -> bool:
         """Whether the operator's cancel mark is beside the shard's results (an unreadable
@@ -457,7 +469,8 @@ class ShardRunner:
     async def _run_one(self, request: EngineRequest) -> None:
         """Answer one request, retrying transient engine errors (``core.retries``). A request
         whose next attempt a stop cuts off records nothing: it runs again when its shard
-        resumes, or becomes a ``batch_cancelled`` line."""
+        resumes. A cancel's drain lets it finish, retries included (:meth:`_pause`); past the
+        drain's bound it becomes a ``batch_cancelled`` line."""
         self._in_flight.add(request.custom_id)
         try:
             attempt = 1
@@ -515,12 +528,31 @@ class ShardRunner:
         return result
 
     async def _pause(self, seconds: float) -> bool:
-        """Wait ``seconds`` before a retry; False when the run halted meanwhile."""
+        """Wait ``seconds`` before a retry; False when the run halted meanwhile — but for a
+        cancel's drain, in which the request is running and finishes, its retries included
+        (until the drain's bound, or a SIGTERM, ends the run)."""
         assert self._cond is not None
-        async with self._cond:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._cond.wait_for(lambda: self._halted), seconds)
-        return not self._halted
+        until = time.monotonic() + seconds
+
+        def undecided() -> bool:  # stopped: for a cancel (this request finishes) or not?
+            return self._stopping and self._cancel_drain is None
+
+        while not self._retries_cut() and (left := until - time.monotonic()) > 0:
+            async with self._cond:
+                with contextlib.suppress(TimeoutError):
+                    ready = self._cond.wait_for(lambda: self._retries_cut() or undecided())
+                    await asyncio.wait_for(ready, left)
+            if undecided():
+                await self._cancelling()
+        return not self._retries_cut()
+
+    def _retries_cut(self) -> bool:
+        """Whether a request waiting for its next attempt gives up now."""
+        if not self._stopping or self._cancel_drain is False or self._hard_stop_until is not None:
+            return self._halted
+        # a cancel's drain (or one not decided yet): only a failure of the run cuts the wait
+        failures = (self._engine_failure, self._store_failure, self._crash, self._lease_lost)
+        return any(f is not None for f in failures) or self._input_failure is not None
 
     def _line(self, custom_id: str, result: EngineResult) -> ResultLine:
         uid = self.spec.batch_uid

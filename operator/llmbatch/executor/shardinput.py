@@ -20,7 +20,7 @@ from llmbatch.api.openai import BatchRequestLine
 from llmbatch.api.shard import ShardSpec
 from llmbatch.core.ids import request_id
 from llmbatch.core.tiers import TIER_RANK
-from llmbatch.core.validation import LineSplitter, normalize_endpoint
+from llmbatch.core.validation import LineSplitter, normalize_endpoint, with_output_limit
 from llmbatch.executor.engines.base import EngineRequest
 from llmbatch.storage.base import ObjectStore, StoreError
 
@@ -94,7 +94,7 @@ def parse_line(spec: ShardSpec, line_no: int, raw: bytes) -> EngineRequest:
         raise BadLine(custom_id, message, "url")
     if line.body.get("stream") is True:
         raise BadLine(custom_id, f"Line {line_no}: stream is not supported.", "body.stream")
-    body = line.body
+    body = with_output_limit(line.body, spec.endpoint, spec.default_output_tokens)
     if spec.cache_salt and spec.endpoint in SALTED_ENDPOINTS:
         # The tenant's salt replaces any the line brings: a request can never name another
         # tenant's salt to probe whether a prefix of theirs is cached.

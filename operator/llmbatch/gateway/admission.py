@@ -52,15 +52,15 @@ class PoolPlan:
 def output_limit_required(
     pools: list[dict[str, Any]], model: str | None, tenant: Tenant | None = None
 ) -> bool:
-    """Whether every row of an upload for ``model`` must bound its output tokens (seed 000):
+    """Whether every row of an upload for ``model`` must bound its output tokens:
     :func:`pool_requires_output_limit` of the pool the operator will pick."""
     return pool_requires_output_limit(choose_pool(pools, model, tenant=tenant))
 
 
 def pool_requires_output_limit(pool_obj: dict[str, Any] | None) -> bool:
-    """A Tokens (catalog) pool always requires an output-token limit on every row, a GPUTime
-    (private) pool unless its ``limits.requireOutputTokenLimit`` is false. No pool (a model
-    none serves) keeps the default (its batch fails validation anyway)."""
+    """Whether rows for the pool must bound their output tokens (``core.admission``: unless its
+    ``limits.requireOutputTokenLimit`` is false). No pool (a model none serves) keeps the
+    default (its batch fails validation anyway)."""
     if pool_obj is None:
         return True
     return pool_output_limit_required(BatchPoolSpec.model_validate(pool_obj.get("spec") or {}))

@@ -19,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
 from llmbatch.background import stop, supervise
+from llmbatch.core.ratelimit import KeyRateLimiter
 from llmbatch.gateway import metrics
 from llmbatch.gateway.archive import BatchArchive
 from llmbatch.gateway.auth import KeyRing
@@ -111,7 +112,17 @@ async def _serving(
     reads = ReadCache(kube_api, cfg.read_cache_seconds)
     namespaces.on_gone(lists.forget)
     namespaces.on_gone(reads.forget)
-    app.state.gateway = Gateway(cfg, kube_api, objects, ring, reads, lists, archive, namespaces)
+    app.state.gateway = Gateway(
+        cfg,
+        kube_api,
+        objects,
+        ring,
+        reads,
+        lists,
+        archive,
+        namespaces,
+        KeyRateLimiter(cfg.rate_limit, cfg.rate_burst),
+    )
     keys = Reflector(
         ring,
         functools.partial(kube_api.list_key_secrets, cfg.gateway_namespace),

@@ -30,7 +30,7 @@ from llmbatch.api.resources import (
     Tier,
 )
 from llmbatch.core.billing import RESERVED_ANNOTATION, BatchSize
-from llmbatch.core.tiers import expedited_disabled, tier_of
+from llmbatch.core.tiers import TIERS, expedited_disabled, tier_of
 from llmbatch.core.validation import MediaTally, normalize_endpoint
 from llmbatch.gateway.errors import APIError
 from llmbatch.gateway.inlinecheck import (
@@ -190,13 +190,14 @@ def _output_expiry_seconds(value: Any) -> int | None:
 
 
 def _tier(priority: str | None, metadata: dict[str, str] | None) -> Tier:
-    """The wire ``priority`` (standard | expedited), or flex when ``metadata.tier`` says so."""
+    """The wire ``priority`` (standard | expedited; flex, as a batch reads it back), or flex
+    when ``metadata.tier`` says so."""
     wanted = priority or "standard"
-    if wanted not in ("standard", "expedited"):
+    if wanted not in TIERS:
         raise APIError(
             400,
             f"Invalid value for 'priority': {wanted[:32]!r}. Supported values are: "
-            "'standard' and 'expedited'.",
+            "'standard', 'expedited' and 'flex'.",
             param="priority",
             code="invalid_value",
         )

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from llmbatch import logs
+from llmbatch.core.ratelimit import KeyRateLimiter, retry_after_header
 from llmbatch.gateway import metrics
 from llmbatch.gateway.archive import BatchArchive
 from llmbatch.gateway.auth import KeyRing, Principal, admit
-from llmbatch.gateway.errors import APIError, unauthorized
+from llmbatch.gateway.errors import APIError, rate_limited, unauthorized
 from llmbatch.gateway.kube import KubeAPI
 from llmbatch.gateway.listcache import Listings
 from llmbatch.gateway.namespaces import Namespaces
@@ -35,6 +36,8 @@ class Gateway:
     """Finished batches that left the API server (retention): answered from the store."""
     namespaces: Namespaces
     """The tenant namespaces as they are now (a key acts only for its own, ``core.identity``)."""
+    limiter: KeyRateLimiter = field(default_factory=lambda: KeyRateLimiter(0, 1))
+    """The request rate of each API key (off unless the settings give a rate)."""
 
 
 def state_of(request: Request) -> Gateway:
@@ -76,6 +79,11 @@ async def authenticate(
         shown = credentials.credentials[:8] + "****" if len(credentials.credentials) > 12 else ""
         raise unauthorized(f"Incorrect API key provided: {shown or '****'}.")
     logs.bind_context(tenant=principal.namespace)
+    limiter = state_of(request).limiter
+    wait = limiter.admit(principal.key_name)
+    if wait is not None:
+        metrics.RATE_LIMITED.inc()
+        raise rate_limited(retry_after_header(wait), limiter.rate, limiter.burst)
     return principal
 
 

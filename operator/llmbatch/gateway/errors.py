@@ -74,6 +74,18 @@ def store_unavailable() -> APIError:
     )
 
 
+def rate_limited(retry_after: str, rate: float, burst: int) -> APIError:
+    """429 for a key over its request rate, as OpenAI answers one (``type: requests``)."""
+    return APIError(
+        429,
+        f"Rate limit reached for requests: an API key may send {burst} requests at once and "
+        f"{rate:g} per second after that. Please try again in {retry_after}s.",
+        type="requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": retry_after},
+    )
+
+
 def unauthorized(message: str) -> APIError:
     return APIError(401, message, param=None, code="invalid_api_key")
 

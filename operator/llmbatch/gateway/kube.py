@@ -43,6 +43,10 @@ class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again, then watch from there."""
 
 
+QUOTA_EXCEEDED = "resource_quota_exceeded"
+"""The code of a create a ResourceQuota refused."""
+
+
 def upstream(exc: ApiException, what: str) -> APIError:
     log.warning("kubernetes %s failed: %s %s", what, exc.status, exc.reason)
     return APIError(
@@ -51,6 +55,18 @@ def upstream(exc: ApiException, what: str) -> APIError:
         type="server_error",
         code="service_unavailable",
         headers={"Retry-After": "1"},
+    )
+
+
+def quota_exceeded(reason: str) -> APIError:
+    """429 for a create the namespace's ResourceQuota refused (``count/batches.llmbatch.io``,
+    ``count/batchfiles.llmbatch.io``): it fits again once objects go."""
+    return APIError(
+        429,
+        f"Your organization's resource quota is used up: {reason}",
+        type="rate_limit_error",
+        code=QUOTA_EXCEEDED,
+        headers={"Retry-After": "60"},
     )
 
 
@@ -167,6 +183,8 @@ class GatewayKube:
                 raise APIError(
                     400, f"Invalid request: {_reason(exc)}", code="invalid_value"
                 ) from exc
+            if exc.status == 403 and "exceeded quota" in _reason(exc):
+                raise quota_exceeded(_reason(exc)) from exc
             raise upstream(exc, f"create {plural}") from exc
 
     async def patch(

@@ -63,22 +63,38 @@ def _version(obj: dict[str, Any]) -> int | None:
 
 
 def batch_entry(obj: dict[str, Any]) -> Entry | None:
-    """A Batch (or its archived record) as listed; objects not named ``batch-*`` (made by hand)
-    are not listed."""
+    """A Batch (or its archived record) as listed, counting 1 toward its tenant's unfinished
+    batches until it finishes; objects not named ``batch-*`` (made by hand) are not listed."""
     meta = obj.get("metadata") or {}
     if not str(meta.get("name") or "").startswith("batch-"):
         return None
     data = batch_to_openai(obj).model_dump(mode="json")
     archived = bool((meta.get("annotations") or {}).get(ANNOTATION_ARCHIVED))
-    return Entry(data["id"], batch_sort_key(obj), data, version=_version(obj), archived=archived)
+    waiting = int(data["status"] not in TERMINAL_STATUSES)
+    return Entry(
+        data["id"],
+        batch_sort_key(obj),
+        data,
+        version=_version(obj),
+        archived=archived,
+        weight=waiting,
+    )
 
 
 def file_entry(obj: dict[str, Any]) -> Entry | None:
-    """A BatchFile as listed, in the sub-list of its ``spec.purpose`` (the ``purpose=`` filter)."""
+    """A BatchFile as listed, in the sub-list of its ``spec.purpose`` (the ``purpose=`` filter),
+    counting its bytes toward its tenant's stored bytes."""
     data = file_to_openai(obj).model_dump(mode="json")
     purpose = (obj.get("spec") or {}).get("purpose")
     group = purpose if isinstance(purpose, str) and purpose else None
-    return Entry(data["id"], file_sort_key(obj), data, group=group, version=_version(obj))
+    return Entry(
+        data["id"],
+        file_sort_key(obj),
+        data,
+        group=group,
+        version=_version(obj),
+        weight=data["bytes"],
+    )
 
 
 BATCHES = Kind("batches", batch_entry)

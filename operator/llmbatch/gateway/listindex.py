@@ -44,6 +44,9 @@ class Entry:
     """The object's resourceVersion, when it is a number (the cache orders writes by it)."""
     archived: bool = False
     """Its record is in the archive (a finished batch): it stays listed once its object goes."""
+    weight: int = 0
+    """What it counts toward its tenant's quota total (:meth:`ListIndex.total`): 1 for a batch
+    not finished, a file's bytes."""
 
 
 class _Ordered:
@@ -90,6 +93,8 @@ class _Tenant:
     """``None``: every entry; a group name: the entries of that group."""
     gone: OrderedDict[str, tuple[SortKey, float]] = field(default_factory=OrderedDict)
     """Tombstones: id → (sort key, when removed), oldest first."""
+    total: int = 0
+    """The weights of the live entries."""
 
     def listed(self, group: str | None) -> _Ordered:
         found = self.lists.get(group)
@@ -101,6 +106,8 @@ class _Tenant:
         self.listed(None).add(entry)
         if entry.group is not None:
             self.listed(entry.group).add(entry)
+        old = self.live.get(entry.id)
+        self.total += entry.weight - (old.weight if old is not None else 0)
         self.live[entry.id] = entry
 
     def discard(self, entry: Entry) -> None:
@@ -108,6 +115,7 @@ class _Tenant:
         if entry.group is not None:
             self.listed(entry.group).discard(entry.key)
         del self.live[entry.id]
+        self.total -= entry.weight
 
 
 class ListIndex:
@@ -130,6 +138,12 @@ class ListIndex:
     def get(self, namespace: str, ident: str) -> Entry | None:
         tenant = self._tenants.get(namespace)
         return tenant.live.get(ident) if tenant is not None else None
+
+    def total(self, namespace: str) -> int:
+        """The weights of the tenant's live entries: its unfinished batches, or its files'
+        bytes (O(1), kept as entries come and go)."""
+        tenant = self._tenants.get(namespace)
+        return tenant.total if tenant is not None else 0
 
     def items(self) -> Iterator[tuple[str, Entry]]:
         """Every live ``(namespace, entry)``."""
@@ -218,6 +232,7 @@ def _build(entries: list[Entry], gone: OrderedDict[str, tuple[SortKey, float]]) 
     tenant = _Tenant(gone=OrderedDict((k, v) for k, v in gone.items()))
     for entry in entries:
         tenant.live[entry.id] = entry  # a duplicate id (hand-made objects): the last one wins
+    tenant.total = sum(entry.weight for entry in tenant.live.values())
     by_group: dict[str | None, list[Entry]] = {None: list(tenant.live.values())}
     for entry in tenant.live.values():
         if entry.group is not None:

@@ -24,7 +24,6 @@ from llmbatch.api.openai import (
     Priority,
 )
 from llmbatch.core.ids import batch_id_from_name
-from llmbatch.core.scheduling import serving_key
 from llmbatch.core.tiers import DEFAULT_WINDOW, completion_window, tier_of
 
 ANNOTATION_CREATED_NS = "llmbatch.io/created-ns"
@@ -110,7 +109,9 @@ def batch_to_openai(obj: dict[str, Any]) -> Batch:
     phase, cancelling_at = _phase(spec, status, meta.get("annotations") or {}, created)
     counts = status.get("requestCounts") or {}
     metadata = spec.get("metadata")
-    priority: Priority = "expedited" if spec.get("priority") == "expedited" else "standard"
+    priority: Priority = tier_of(
+        spec.get("priority"), metadata if isinstance(metadata, dict) else None
+    )
     return Batch(
         id=batch_id_from_name(meta["name"]),
         endpoint=str(spec.get("endpoint") or ""),
@@ -138,17 +139,15 @@ def batch_to_openai(obj: dict[str, Any]) -> Batch:
         usage=_usage(status.get("usage")),
         metadata=dict(metadata) if isinstance(metadata, dict) else None,
         priority=priority,
+        model_revision=status.get("modelRevision") or None,
     )
 
 
 def _model(spec: dict[str, Any], status: dict[str, Any]) -> str | None:
-    """The model the batch runs: where OpenAI names the dated snapshot it pinned
-    (``gpt-4o-mini-2024-07-18``), the model and the revision acceptance pinned,
-    ``name@revision`` (the key slots and shards match on); before acceptance, as asked."""
-    model = status.get("model")
-    if not model:
-        return spec.get("model") or None
-    return serving_key(str(model), status.get("modelRevision") or None)
+    """The model id the batch runs, settled from the input file at acceptance (before, the
+    display hint as asked): an id ``/v1/models`` lists and a request can use. The revision
+    acceptance pinned is ``model_revision``, a field of its own."""
+    return status.get("model") or spec.get("model") or None
 
 
 def _phase(

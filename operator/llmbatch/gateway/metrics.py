@@ -87,6 +87,11 @@ ARCHIVE_UNREADABLE = Counter(
     "again later; or not a record: left out), skipped while the rest load.",
     registry=REGISTRY,
 )
+RATE_LIMITED = Counter(
+    "llmbatch_gateway_rate_limited_total",
+    "Requests refused with 429 rate_limit_exceeded: their API key was over its request rate.",
+    registry=REGISTRY,
+)
 API_KEYS = Gauge("llmbatch_gateway_api_keys", "API keys currently loaded.", registry=REGISTRY)
 STORE_SECONDS = Histogram(
     "llmbatch_gateway_store_operation_seconds",

@@ -6,8 +6,14 @@ import os
 import pathlib
 from dataclasses import dataclass
 
+from llmbatch.core.quotas import DEFAULT_MAX_STORED_BYTES, DEFAULT_MAX_WAITING_BATCHES, TenantCaps
+
 DEFAULT_MAX_UPLOAD_BYTES = 256 * 1024 * 1024  # seed 000: inputs are limited to 256 MiB
 DEFAULT_METRICS_PORT = 9090
+DEFAULT_RATE_LIMIT = 100
+"""Requests per second an API key may send after its burst."""
+DEFAULT_RATE_BURST = 200
+"""Requests an API key may send at once."""
 _SA_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -90,6 +96,24 @@ class GatewaySettings:
     """``LLMBATCH_REMOTE_MEDIA``: rows may give images and audio as http(s) URLs, fetched by the
     engine (the chart's ``remoteMedia.enabled`` opens the executors' egress); off: data: URLs
     only, a remote one is refused with the line's number."""
+    rate_limit: int = DEFAULT_RATE_LIMIT
+    """``LLMBATCH_GATEWAY_RATE_LIMIT``: requests per second one API key may send, after its
+    burst (0: no limit); past it 429 ``rate_limit_exceeded`` with ``Retry-After``."""
+    rate_burst: int = DEFAULT_RATE_BURST
+    """``LLMBATCH_GATEWAY_RATE_BURST``: requests one API key may send at once."""
+    max_waiting_batches: int = DEFAULT_MAX_WAITING_BATCHES
+    """``LLMBATCH_MAX_WAITING_BATCHES``: a tenant's unfinished batches at most, unless its
+    namespace's ``llmbatch.io/max-waiting-batches`` says otherwise (0: no default cap); past it
+    429 ``too_many_batches``."""
+    max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
+    """``LLMBATCH_MAX_STORED_BYTES``: the bytes a tenant's files may hold, unless its
+    namespace's ``llmbatch.io/max-stored-bytes`` says otherwise (0: no default cap); an upload
+    past it is refused with 400 ``storage_quota_exceeded``."""
+
+    @property
+    def tenant_caps(self) -> TenantCaps:
+        """The caps of a tenant whose namespace sets none."""
+        return TenantCaps.defaults(self.max_waiting_batches, self.max_stored_bytes)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> GatewaySettings:
@@ -117,4 +141,10 @@ class GatewaySettings:
             metrics_host=values.get("LLMBATCH_GATEWAY_METRICS_HOST") or "0.0.0.0",
             docs=_bool(values, "LLMBATCH_GATEWAY_DOCS", False),
             remote_media=_bool(values, "LLMBATCH_REMOTE_MEDIA", False),
+            rate_limit=_int(values, "LLMBATCH_GATEWAY_RATE_LIMIT", DEFAULT_RATE_LIMIT, 0),
+            rate_burst=_int(values, "LLMBATCH_GATEWAY_RATE_BURST", DEFAULT_RATE_BURST),
+            max_waiting_batches=_int(
+                values, "LLMBATCH_MAX_WAITING_BATCHES", DEFAULT_MAX_WAITING_BATCHES, 0
+            ),
+            max_stored_bytes=_int(values, "LLMBATCH_MAX_STORED_BYTES", DEFAULT_MAX_STORED_BYTES, 0),
         )

@@ -117,11 +117,15 @@ class MultipartUpload:
         key: str,
         max_bytes: int,
         limits_for: Callable[[ValidationLimits, str | None], ValidationLimits] | None = None,
+        *,
+        over: APIError | None = None,
     ) -> None:
         self.request = request
         self.store = store
         self.key = key
         self.max_bytes = max_bytes
+        self.over = over
+        """The answer to a file past ``max_bytes`` (default: 413 ``file_too_large``)."""
         self.fields: dict[str, str] = {}
         self.filename: str | None = None
         self.expires_after: int | None = None
@@ -223,6 +227,8 @@ class MultipartUpload:
     # --- driving -------------------------------------------------------------------------------
 
     def _too_large(self) -> APIError:
+        if self.over is not None:
+            return self.over
         return APIError(
             413,
             f"File is too large: the limit is {self.max_bytes} bytes.",

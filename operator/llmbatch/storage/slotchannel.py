@@ -117,7 +117,8 @@ class SlotChannel:
         One listing, plus a read of each assignment the listing shows new or rewritten (its
         ETag changed: every write replaces the object): a slot looks several times a second,
         and its held assignments do not change between grants. What is read is kept under its
-        ETag only once listings have shown that ETag for :data:`TAG_SETTLE_SECONDS`."""
+        ETag only once listings have shown that ETag for :data:`TAG_SETTLE_SECONDS`; an empty
+        or missing ETag is unknown, never a match."""
         found: dict[str, Assignment] = {}
         seen: dict[str, _Seen] = {}
         unreadable: list[str] = []
@@ -137,9 +138,10 @@ class SlotChannel:
                 log.error("slot %s: unreadable assignment %s: %s", self.prefix, info.key, exc)
                 unreadable.append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
                 continue
-            if info.etag is not None:
+            if info.etag:
                 # Read after the listing: if it was rewritten in between, the next listing
-                # shows another ETag and it is read again.
+                # shows another ETag and it is read again. A store that lists no ETag (or an
+                # empty one) says nothing about a rewrite: such an assignment is read each time.
                 settled = now - since >= TAG_SETTLE_SECONDS
                 seen[info.key] = _Seen(info.etag, since, assignment if settled else None)
             found[assignment.key] = assignment

@@ -26,6 +26,7 @@ from llmbatch.api.resources.base import (
 )
 from llmbatch.api.resources.batch import (
     BATCH_FINALIZER,
+    MAX_COMPLETION_WINDOW,
     BatchBilling,
     BatchConditionType,
     BatchEndReason,
@@ -106,6 +107,7 @@ __all__ = [
     "BATCH_FINALIZER",
     "CREDIT_ACCOUNT_NAME",
     "GROUP",
+    "MAX_COMPLETION_WINDOW",
     "RESOURCES",
     "VERSION",
     "Affinity",

@@ -28,6 +28,10 @@ from llmbatch.api.resources.fields import (
 #: changing handlers, so kopf writes nothing on them (docs/architecture.md).
 BATCH_FINALIZER = "llmbatch.io/cleanup"
 
+#: The longest completion window a Batch may ask for: the flex tier's 72 h, the longest any tier
+#: gets (the CRD refuses a longer one, the operator fails one created before that rule).
+MAX_COMPLETION_WINDOW = "72h"
+
 
 class Phase(enum.StrEnum):
     """The OpenAI batch statuses, the lifecycle of a Batch (docs/architecture.md)."""
@@ -144,7 +148,8 @@ class BatchSpec(CRModel):
     completion_window: Annotated[
         str, StringConstraints(max_length=8, pattern=r"^[1-9][0-9]{0,5}[smh]$")
     ] = "24h"
-    """Time budget: 24h through the OpenAI API; kubectl users may give seconds or minutes."""
+    """Time budget: 24h through the OpenAI API; kubectl users may give seconds, minutes or
+    hours, up to 72h."""
     priority: Tier = "standard"
     """Scheduling tier; expedited runs ahead of standard, flex last (metadata.tier=flex)."""
     model: ShortText | None = None
@@ -161,7 +166,10 @@ class BatchSpec(CRModel):
     output_expires_after_seconds: Annotated[int, Field(ge=3600, le=2592000)] | None = None
     """Lifetime of the output and error files after their creation (default: 7 days)."""
     cancel: bool = False
-    """Set to true to cancel: running requests stop, finished results are kept."""
+    """Set to true to cancel: no further request starts; requests already running finish (a
+    request between retry attempts included) for up to the pool's executor.cancelDrainSeconds
+    (600 s by default) and are kept and billed with the finished ones; every request that did
+    not run becomes a batch_cancelled error line. The batch then reads cancelled."""
 
     immutable: ClassVar[tuple[str, ...]] = (
         "endpoint",

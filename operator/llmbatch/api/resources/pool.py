@@ -155,7 +155,9 @@ class PoolLimits(CRModel):
     """Largest input line in bytes."""
     require_output_token_limit: bool = True
     """Every request must set an output-token limit (chat: max_completion_tokens or max_tokens,
-    completions: max_tokens), as seed 000 asks; only a GPUTime pool may set false."""
+    completions: max_tokens). False accepts rows without one: on a Tokens
+    pool they run with billing.defaultOutputTokens as their limit (what the estimate reserved),
+    on a GPUTime pool with the engine's own."""
     max_queued_requests: Annotated[int, Field(ge=1)] | None = None
     """Most requests waiting in the pool's queue before new batches are refused (429)."""
     max_image_pixels: Annotated[int, Field(ge=1, le=268435456)] = DEFAULT_MAX_IMAGE_PIXELS
@@ -194,7 +196,8 @@ class PoolBilling(CRModel):
     gpu_hour_price: Decimal = "0"
     """Price of one GPU-hour in GPUTime mode (a slot holds gpusPerSlot GPUs)."""
     default_output_tokens: Annotated[int, Field(ge=1, le=1048576)] = 1024
-    """Output tokens assumed, when estimating credit, for a request without an output limit."""
+    """Output tokens assumed, when estimating credit, for a request without an output limit;
+    on a Tokens pool also the limit such a request runs with."""
 
 
 class PoolRetention(CRModel):

@@ -115,18 +115,6 @@ RESOURCES: tuple[ResourceKind, ...] = (
         rules=[
             {
                 "rule": (
-                    "!has(self.spec.limits) || !has(self.spec.limits.requireOutputTokenLimit)"
-                    " || self.spec.limits.requireOutputTokenLimit"
-                    " || (has(self.spec.billing) && has(self.spec.billing.mode)"
-                    " && self.spec.billing.mode == 'GPUTime')"
-                ),
-                "message": (
-                    "limits.requireOutputTokenLimit may be false only on a GPUTime pool: a Tokens "
-                    "(catalog) pool bills output tokens, so every request must bound them"
-                ),
-            },
-            {
-                "rule": (
                     "!has(self.spec.fairSharing) || !has(self.spec.fairSharing.preemption)"
                     " || self.spec.fairSharing.preemption == 'Never'"
                     " || (has(self.spec.slotQueue) && self.spec.slotQueue == 0)"

@@ -71,7 +71,13 @@ class BatchReconciler:
         )
         """The BatchPools from the watch (``handlers.pool_seen``): acceptance chooses from it."""
         self.validation = Validation(
-            kube, store, self.credits, self.pool_catalog, clock, config.remote_media
+            kube,
+            store,
+            self.credits,
+            self.pool_catalog,
+            clock,
+            config.remote_media,
+            caps=config.tenant_caps,
         )
         self.runs = ShardRuns(kube, store, config, self.pool)
         self.finalization = Finalization(kube, store, config, self.pool)

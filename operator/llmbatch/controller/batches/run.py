@@ -24,6 +24,7 @@ from llmbatch.controller.batches.deps import PhaseDeps
 from llmbatch.controller.batches.step import BatchView, Step, set_condition, transition
 from llmbatch.controller.jobs import engine_spec
 from llmbatch.core import keys, shardbook
+from llmbatch.core.admission import default_output_limit
 from llmbatch.core.ids import batch_id_from_name, tenant_cache_salt
 from llmbatch.core.scheduling import revision_to_serve
 from llmbatch.core.shardbook import FINISHED
@@ -197,6 +198,7 @@ class ShardRuns(PhaseDeps):
             flush_seconds=pool.executor.flush_seconds,
             drain_seconds=max(1, pool.executor.termination_grace_seconds - 5),
             cancel_drain_seconds=pool.executor.cancel_drain_seconds,
+            default_output_tokens=default_output_limit(pool),
             retries=RequestRetries(
                 max_attempts=pool.retries.max_attempts,
                 backoff_seconds=pool.retries.backoff_milliseconds / 1000,

@@ -44,7 +44,8 @@ from llmbatch.core.admission import (
     output_limit_required,
 )
 from llmbatch.core.ids import batch_id_from_name
-from llmbatch.core.inline import inline_file
+from llmbatch.core.inline import InvalidInlineRequest, inline_file
+from llmbatch.core.quotas import TenantCaps, check_waiting_batches, count_accepted_waiting
 from llmbatch.core.tenancy import Tenant, pool_serves
 from llmbatch.core.validation import (
     ErrorCode,
@@ -92,6 +93,8 @@ class Validation:
         pools: PoolCatalog,
         clock: Callable[[], float],
         remote_media: bool = False,
+        *,
+        caps: TenantCaps | None = None,
     ) -> None:
         self.kube = kube
         self.store = store
@@ -104,6 +107,11 @@ class Validation:
         """A namespace's annotations from the operator's watch (None: not seen; read it)."""
         self.namespace_labels: Callable[[str], dict[str, str] | None] = lambda _ns: None
         """A namespace's labels from the operator's watch (None: not seen; read it)."""
+        self.accepted_batches: Callable[[str], int | None] = lambda _ns: None
+        """How many of a namespace's batches are accepted and not finished, from the operator's
+        cache (None: not known yet; list them)."""
+        self.caps = caps or TenantCaps()
+        """The caps of a tenant whose namespace sets none."""
 
     async def run(self, batch: BatchView, step: Step, now: float) -> None:
         started = time.perf_counter()
@@ -133,6 +141,10 @@ class Validation:
     async def _check(self, batch: BatchView) -> tuple[str, Pool, ValidationResult]:
         """The input key, the pool and the validator's verdict, or :class:`Rejected`."""
         spec = batch.spec
+        too_long = tiers.window_refusal(spec.completion_window)
+        if too_long is not None:
+            raise Rejected([error("invalid_completion_window", too_long, "completionWindow")])
+        await self._check_waiting(batch)
         input_key, model = await self._input_and_model(batch)
         if model is None:
             # No line names a model: report every problem the default limits find.
@@ -215,7 +227,10 @@ class Validation:
         # applied with kubectl: the requests are in the object; stored and peeked at in one
         # call to a store thread (under a burst each call waits its turn on a busy loop)
         key = keys.inline_input_key(batch.namespace, batch.uid)
-        data = inline_file(requests).data
+        try:
+            data = inline_file(requests).data
+        except InvalidInlineRequest as bad:  # not even encodable as a line: refused as one
+            raise Rejected(errors_of([bad.problem.as_dict()]), total=len(requests)) from bad
 
         def store() -> str | None:
             self.store.put(key, data)
@@ -343,14 +358,32 @@ class Validation:
             labels = await self.kube.namespace_labels(namespace) or {}
         return Tenant(namespace, labels)
 
+    async def _annotations(self, namespace: str) -> dict[str, str]:
+        annotations = self.namespace_annotations(namespace)
+        if annotations is None:
+            annotations = await self.kube.namespace_annotations(namespace) or {}
+        return annotations
+
+    async def _check_waiting(self, batch: BatchView) -> None:
+        """The tenant's cap on unfinished batches, counting its accepted ones: the gateway
+        checked it at creation; a Batch applied with kubectl meets it here only."""
+        caps = TenantCaps.of(await self._annotations(batch.namespace), self.caps)
+        if caps.waiting_batches is None:
+            return
+        accepted = self.accepted_batches(batch.namespace)
+        if accepted is None:
+            listed = await self.kube.list_custom("batches", batch.namespace)
+            accepted = count_accepted_waiting(listed)
+        refused = check_waiting_batches(accepted, caps.waiting_batches)
+        if refused is not None:
+            raise Rejected([error(refused.code, refused.message)])
+
     async def _check_tier(
         self, namespace: str, spec: BatchSpec, pool_name: str, pool: BatchPoolSpec
     ) -> None:
         if spec.priority != "expedited":
             return
-        annotations = self.namespace_annotations(namespace)
-        if annotations is None:
-            annotations = await self.kube.namespace_annotations(namespace) or {}
+        annotations = await self._annotations(namespace)
         if tiers.expedited_disabled(annotations):
             message = "Expedited priority is disabled for this organization."
             raise Rejected([error("expedited_not_allowed", message, "priority")])

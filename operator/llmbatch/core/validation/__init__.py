@@ -23,6 +23,7 @@ from llmbatch.core.validation.limits import (
     SUPPORTED_ENDPOINTS,
     ValidationLimits,
     normalize_endpoint,
+    with_output_limit,
 )
 from llmbatch.core.validation.lines import UTF8_BOM, LineSplitter, iter_lines
 from llmbatch.core.validation.media import (
@@ -33,7 +34,7 @@ from llmbatch.core.validation.media import (
     media_problems,
 )
 from llmbatch.core.validation.parts import MediaPart, content_parts
-from llmbatch.core.validation.request import check_request
+from llmbatch.core.validation.request import check_request, structure_problem
 from llmbatch.core.validation.shards import ShardRange
 from llmbatch.core.validation.stream import LineValidator, ValidationResult, validate_stream
 
@@ -61,5 +62,7 @@ __all__ = [
     "iter_lines",
     "media_problems",
     "normalize_endpoint",
+    "structure_problem",
     "validate_stream",
+    "with_output_limit",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmbatch.api.openai import ENDPOINTS, GENERATE_ENDPOINTS
 from llmbatch.core.validation.media import MediaRules
@@ -20,6 +21,15 @@ max_completion_tokens: vLLM would ignore it and stop at its own 16-token default
 GENERATIVE_ENDPOINTS = frozenset(GENERATE_ENDPOINTS)
 """Endpoints whose requests generate tokens, so an output-token limit means something (each has
 its fields in :data:`OUTPUT_TOKEN_FIELDS_OF`)."""
+
+
+def with_output_limit(body: dict[str, Any], endpoint: str, limit: int | None) -> dict[str, Any]:
+    """``body`` bounded at ``limit`` output tokens when it sets no limit of its endpoint's own
+    (the first of :data:`OUTPUT_TOKEN_FIELDS_OF`); as it is otherwise, or without a limit."""
+    fields = OUTPUT_TOKEN_FIELDS_OF.get(endpoint)
+    if limit is None or not fields or any(body.get(f) is not None for f in fields):
+        return body
+    return {**body, fields[0]: limit}
 
 
 def normalize_endpoint(url: str) -> str | None:

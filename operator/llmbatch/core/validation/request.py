@@ -42,6 +42,13 @@ def _scan_structure(value: Any, max_depth: int) -> ErrorCode | None:
     return None
 
 
+def structure_problem(obj: Any, limits: ValidationLimits, line: int | None) -> InvalidLine | None:
+    """The line's nesting deeper than ``limits.max_json_depth`` or a number beyond 64 bits, as
+    its problem; None when neither. Checked before anything else reads or encodes it."""
+    code = _scan_structure(obj, limits.max_json_depth)
+    return None if code is None else _structure_problem(code, limits, line)
+
+
 def _structure_problem(code: ErrorCode, limits: ValidationLimits, line: int | None) -> InvalidLine:
     if code is ErrorCode.NESTING_TOO_DEEP:
         msg = f"JSON nests deeper than {limits.max_json_depth} levels."
@@ -79,9 +86,9 @@ def _check(
     if type(obj) is not dict:
         msg = f"Line {line} is not a JSON object." if line else "The line is not a JSON object."
         return [InvalidLine(ErrorCode.INVALID_JSON_LINE, msg, line)], None, 0
-    structural = _scan_structure(obj, limits.max_json_depth)
+    structural = structure_problem(obj, limits, line)
     if structural is not None:
-        return [_structure_problem(structural, limits, line)], None, 0
+        return [structural], None, 0
 
     custom_id = obj.get("custom_id")
     url = obj.get("url")

@@ -18,6 +18,7 @@ from llmbatch.core.admission import Refusal, check_pool_queue, choose_pool
 from llmbatch.core.billing import BatchSize, Estimate
 from llmbatch.core.ids import batch_id_from_name, batch_object_name
 from llmbatch.core.inline import inline_file
+from llmbatch.core.quotas import TenantCaps, check_waiting_batches, waiting
 from llmbatch.gateway import metrics
 from llmbatch.gateway.admission import (
     has_tenant_quota,
@@ -44,7 +45,7 @@ from llmbatch.gateway.credits import release_credit, reserve_credit
 from llmbatch.gateway.deps import GW, Gateway, Reader, Writer
 from llmbatch.gateway.errors import APIError, not_found
 from llmbatch.gateway.inlinecheck import inline_media_error, unbounded_inline_error
-from llmbatch.gateway.kube import Conflict
+from llmbatch.gateway.kube import QUOTA_EXCEEDED, Conflict
 from llmbatch.gateway.mapping import (
     ANNOTATION_CANCEL_AT,
     BATCH_ID,
@@ -142,7 +143,8 @@ async def _admit(
     model: str | None,
 ) -> Admitted:
     """A model no pool serves to the tenant (404), per-batch caps and the pool's tier switch
-    (400), tenant and pool queue limits (429), then the credit (402).
+    (400), the tenant's queue limits and its cap on unfinished batches, the pool's queue limit
+    (429), then the credit (402).
 
     The pool is the one the operator will choose for the model; when the model is not known at
     creation (too long a name to record on the file: validation settles it) only the tenant's
@@ -170,6 +172,10 @@ async def _admit(
     if has_tenant_quota(annotations):
         batches = await gw.kube.list_objects("batches", namespace)
         _admitted(tenant_quota_refusal(annotations, batches, size, plan.estimate))
+    caps = TenantCaps.of(annotations, gw.settings.tenant_caps)
+    if caps.waiting_batches is not None:
+        waiting_now = await _waiting_batches(gw, namespace)
+        _admitted(check_waiting_batches(waiting_now, caps.waiting_batches))
     if plan.pool is None:
         return Admitted(plan.estimate)
     _admitted(check_pool_queue(plan.name, plan.pool, plan.status or {}, size.requests))
@@ -181,6 +187,14 @@ async def _admit(
         metrics.BATCHES_REFUSED.labels(exc.code or str(exc.status)).inc()
         raise
     return Admitted(plan.estimate, reserved)
+
+
+async def _waiting_batches(gw: Gateway, namespace: str) -> int:
+    """The tenant's batches not finished: from the listing cache once it is synced (O(1)),
+    before that from a listing."""
+    if gw.lists.batches.synced:
+        return gw.lists.batches.index.total(namespace)
+    return sum(1 for b in await gw.kube.list_objects("batches", namespace) if waiting(b))
 
 
 def _model_param(request: BatchRequest) -> str:
@@ -212,6 +226,12 @@ async def _create(
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     try:
         created = await gw.kube.create("batches", namespace, manifest)
+    except APIError as exc:
+        if exc.code == QUOTA_EXCEEDED:  # a ResourceQuota refused it: nothing was created
+            metrics.BATCHES_REFUSED.labels(exc.code).inc()
+            if admitted.reserved:
+                await release_credit(gw.kube, namespace, name)
+        raise
     except Conflict as exc:  # a concurrent create with the same Idempotency-Key won, or ours
         existing = await gw.kube.get("batches", namespace, name)
         if existing is None and admitted.reserved:

@@ -16,8 +16,9 @@ from fastapi.responses import Response, StreamingResponse
 from llmbatch.api.openai import FileDeleted, FileObject, ListPage
 from llmbatch.api.resources import API_VERSION, FileMedia
 from llmbatch.core import keys
+from llmbatch.core.quotas import TenantCaps, storage_refusal, storage_room
 from llmbatch.gateway import metrics
-from llmbatch.gateway.admission import upload_limits
+from llmbatch.gateway.admission import refusal_error, upload_limits
 from llmbatch.gateway.deps import GW, Gateway, Reader, Writer
 from llmbatch.gateway.errors import APIError, not_found, store_unavailable
 from llmbatch.gateway.mapping import (
@@ -78,14 +79,16 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
     """
     file_id = keys.new_file_id()
     key = keys.file_key(who.namespace, file_id)
+    most, over = await _upload_room(gw, who.namespace)
     pools = await gw.kube.list_pools()
     tenant = await caller_tenant(gw, who.namespace, pools)
     upload = MultipartUpload(
         request,
         gw.store,
         key,
-        gw.settings.max_upload_bytes,
+        most,
         lambda base, model: upload_limits(base, pools, model, tenant, gw.settings.remote_media),
+        over=over,
     )
     stored = await _store(upload)
     try:
@@ -105,6 +108,32 @@ async def create_file(request: Request, who: Writer, gw: GW) -> Response:
     gw.lists.files.put(obj)  # listed at once: a client lists what it just uploaded
     metrics.UPLOAD_BYTES.inc(stored.info.size)
     return json_response(file_to_openai(obj))
+
+
+async def _upload_room(gw: Gateway, namespace: str) -> tuple[int, APIError | None]:
+    """The largest upload the tenant may send now, and the answer past it when that is its
+    storage cap rather than the upload cap (None: 413 as usual). 400
+    ``storage_quota_exceeded`` at once when its files already fill its cap."""
+    caps = TenantCaps.of(
+        await gw.kube.namespace_annotations(namespace) or {}, gw.settings.tenant_caps
+    )
+    stored = await _stored_bytes(gw, namespace)
+    room = storage_room(stored, caps.stored_bytes)
+    if room is None or caps.stored_bytes is None or room >= gw.settings.max_upload_bytes:
+        return gw.settings.max_upload_bytes, None
+    refused = refusal_error(storage_refusal(stored, caps.stored_bytes))
+    if room == 0:
+        metrics.UPLOADS_REJECTED.labels(refused.code or "400").inc()
+        raise refused
+    return room, refused
+
+
+async def _stored_bytes(gw: Gateway, namespace: str) -> int:
+    """The bytes of the tenant's files: from the listing cache once synced, else a listing."""
+    if gw.lists.files.synced:
+        return gw.lists.files.index.total(namespace)
+    files = await gw.kube.list_objects("batchfiles", namespace)
+    return sum(int((f.get("spec") or {}).get("bytes") or 0) for f in files)
 
 
 async def _store(upload: MultipartUpload) -> StoredUpload:
